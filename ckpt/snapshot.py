@@ -1,0 +1,169 @@
+"""Turn a nested state (state_dicts, RNG states, counters) into one flat byte buffer plus a
+small skeleton, and back.
+
+The copy into the buffer is the only part on the training step's critical path, so the
+buffer is preallocated and reused: copying into existing memory runs at memory bandwidth,
+allocating fresh memory every step is up to 10x slower.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """Placeholder for a tensor inside the skeleton."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    offset: int
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+    device: str
+
+
+def _split(obj: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        return TensorRef(len(tensors) - 1)
+    if isinstance(obj, dict):
+        return type(obj)((k, _split(v, tensors)) for k, v in obj.items())
+    if isinstance(obj, list):
+        return [_split(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_split(v, tensors) for v in obj)
+    return obj
+
+
+def _join(obj: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(obj, TensorRef):
+        return tensors[obj.index]
+    if isinstance(obj, dict):
+        return type(obj)((k, _join(v, tensors)) for k, v in obj.items())
+    if isinstance(obj, list):
+        return [_join(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_join(v, tensors) for v in obj)
+    return obj
+
+
+_ALIGN = 64
+
+
+def _layout(tensors: list[torch.Tensor]) -> tuple[tuple[TensorMeta, ...], int]:
+    metas, offset = [], 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        metas.append(
+            TensorMeta(offset, nbytes, str(t.dtype).removeprefix("torch."), tuple(t.shape),
+                       str(t.device))
+        )
+        offset += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    return tuple(metas), offset
+
+
+@dataclass
+class Snapshot:
+    """One rank's state at one step: the skeleton (small, pickled) and the flat payload."""
+
+    step: int
+    skeleton: bytes
+    metas: tuple[TensorMeta, ...]
+    payload: Any  # a 1-D uint8 numpy array or torch tensor
+
+    @property
+    def nbytes(self) -> int:
+        return int(len(self.payload))
+
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        h.update(self.skeleton)
+        h.update(memoryview(_as_numpy(self.payload)))
+        return h.hexdigest()
+
+
+def _as_numpy(payload: Any):
+    if isinstance(payload, torch.Tensor):
+        return payload.numpy()
+    return payload
+
+
+class SnapshotBuffer:
+    """A reusable CPU buffer that one rank's state is copied into at each snapshot."""
+
+    def __init__(self, pin_memory: bool = False):
+        self._buf: torch.Tensor | None = None
+        self._pin = pin_memory
+
+    def capture(self, step: int, state: Any) -> Snapshot:
+        tensors: list[torch.Tensor] = []
+        skeleton = _split(state, tensors)
+        metas, total = _layout(tensors)
+        if self._buf is None or self._buf.numel() < total:
+            self._buf = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=self._pin)
+        buf = self._buf
+        for t, m in zip(tensors, metas, strict=True):
+            if m.nbytes == 0:
+                continue
+            src = t.detach()
+            if not src.is_contiguous():
+                src = src.contiguous()
+            dst = buf[m.offset : m.offset + m.nbytes].view(src.dtype).view(src.shape)
+            dst.copy_(src, non_blocking=src.device.type == "cuda")
+        if any(t.device.type == "cuda" for t in tensors):
+            torch.cuda.synchronize()
+        return Snapshot(step, pickle.dumps(skeleton, protocol=5), metas, buf[:total])
+
+
+class _SkeletonUnpickler(pickle.Unpickler):
+    """Skeletons hold containers, numbers, strings and TensorRefs; refuse anything else."""
+
+    _ALLOWED = {
+        ("ckpt.snapshot", "TensorRef"),
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("collections", "OrderedDict"),
+        ("builtins", "slice"),
+        ("builtins", "complex"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"checkpoint skeleton refers to {module}.{name}, refused")
+
+
+def restore(snapshot: Snapshot, device: torch.device | str = "cpu") -> Any:
+    """Rebuild the nested state with fresh tensors (copies, safe to keep)."""
+    skeleton = _SkeletonUnpickler(io.BytesIO(snapshot.skeleton)).load()
+    raw = torch.as_tensor(_as_numpy(snapshot.payload))
+    tensors = []
+    for m in snapshot.metas:
+        dtype = getattr(torch, m.dtype)
+        t = raw[m.offset : m.offset + m.nbytes].view(dtype).view(m.shape).clone()
+        target = m.device if m.device.startswith("cpu") else device
+        tensors.append(t.to(target))
+    return _join(skeleton, tensors)
+
+
+def state_digest(state_dict: dict[str, torch.Tensor]) -> str:
+    """sha256 over a state dict in sorted key order: name, dtype, shape, bytes."""
+    h = hashlib.sha256()
+    for name in sorted(state_dict):
+        t = state_dict[name].detach().cpu().contiguous()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()

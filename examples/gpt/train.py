@@ -1,0 +1,25 @@
+"""The quickstart's train loop: a small GPT on synthetic data, data-parallel over the job's ranks."""
+
+from __future__ import annotations
+
+import torch
+
+from examples.gpt.model import GPT, GPTConfig, loss_fn, synthetic_batch
+
+
+def train_loop(ctx) -> None:
+    cfg = GPTConfig(**ctx.config.get("model", {}))
+    batch = int(ctx.config.get("batch_size", 16))
+    lr = float(ctx.config.get("lr", 3e-3))
+
+    model = ctx.prepare_model(GPT(cfg))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    ctx.register(model=model, optimizer=optimizer)
+
+    for step in ctx.steps():
+        inputs, targets = synthetic_batch(step, ctx.rank, batch, cfg, ctx.seed, ctx.device)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model, inputs, targets)
+        loss.backward()
+        optimizer.step()
+        ctx.report(loss=loss.item(), samples=batch, tokens=batch * cfg.seq_len)

@@ -1,0 +1,1 @@
+"""Health: observations in, decisions out. Never imports the orchestrator."""

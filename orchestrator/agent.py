@@ -1,0 +1,75 @@
+"""The per-node agent: hosts the node's shard store and aggregates its workers' heartbeats.
+
+One agent per node, pinned there. Workers hand snapshots and heartbeats to their own node's
+agent; the supervisor asks each agent for one report per interval, so its load grows with
+nodes, not ranks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from ckpt.snapshot import Snapshot
+from ckpt.store import MemoryShardStore, ShardInfo
+
+
+class NodeAgent:
+    def __init__(self, node_id: str):
+        self.node_id = node_id
+        self.store = MemoryShardStore()
+        self._lock = threading.Lock()
+        self._beats: dict[int, dict[str, Any]] = {}
+        self._faults: list[dict[str, Any]] = []
+        self._put_seconds = 0.0
+        self._puts = 0
+
+    def ping(self) -> str:
+        return self.node_id
+
+    def put_shard(self, rank: int, snapshot: Snapshot) -> ShardInfo:
+        t0 = time.perf_counter()
+        info = self.store.put(rank, snapshot)
+        with self._lock:
+            self._put_seconds += time.perf_counter() - t0
+            self._puts += 1
+        return info
+
+    def get_shard(self, rank: int, step: int) -> Snapshot | None:
+        return self.store.get(rank, step)
+
+    def heartbeat(self, rank: int, beat: dict[str, Any]) -> None:
+        beat["received_at"] = time.time()
+        with self._lock:
+            self._beats[rank] = beat
+
+    def record_fault(self, fault: dict[str, Any]) -> None:
+        with self._lock:
+            self._faults.append(fault)
+
+    def forget(self, rank: int) -> None:
+        with self._lock:
+            self._beats.pop(rank, None)
+
+    def prune(self, below: int | None = None, above: int | None = None) -> int:
+        dropped = 0
+        if below is not None:
+            dropped += self.store.drop_below(below)
+        if above is not None:
+            dropped += self.store.drop_above(above)
+        return dropped
+
+    def report(self) -> dict[str, Any]:
+        with self._lock:
+            faults, self._faults = self._faults, []
+            return {
+                "node": self.node_id,
+                "at": time.time(),
+                "beats": dict(self._beats),
+                "stored": self.store.stored(),
+                "store_bytes": self.store.nbytes(),
+                "faults": faults,
+                "puts": self._puts,
+                "put_seconds": self._put_seconds,
+            }

@@ -1,0 +1,112 @@
+"""The `stalwart` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from orchestrator.spec import SpecError, json_schema, load_spec
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_CANCELLED = 130
+
+
+def _load(file: str, overrides: tuple[str, ...], console: Console):
+    try:
+        return load_spec(file, list(overrides))
+    except SpecError as e:
+        console.print(f"[red]error:[/red] invalid job spec {e.source}", highlight=False)
+        for line in e.errors:
+            console.print(f"  {line}", highlight=False, markup=False)
+        sys.exit(EXIT_USAGE)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="stalwart")
+def main() -> None:
+    """stalwart: fault-tolerant PyTorch training on Ray."""
+
+
+_set_option = click.option(
+    "--set", "overrides", multiple=True, metavar="KEY=VALUE",
+    help="override a spec field; VALUE is parsed as YAML (repeatable)",
+)
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@_set_option
+@click.option("-o", "--output-format", "fmt", type=click.Choice(["text", "json"]),
+              default="text", help="json: print the validated spec")
+def validate(file: str, overrides: tuple[str, ...], fmt: str) -> None:
+    """Validate a job spec; exit 2 listing every error with its field path."""
+    console = Console(stderr=True)
+    spec = _load(file, overrides, console)
+    if fmt == "json":
+        click.echo(json.dumps(spec.model_dump(mode="json"), indent=2))
+    else:
+        click.echo(f"{file}: valid ({spec.workers} workers, {spec.steps} steps)")
+
+
+@main.command()
+def schema() -> None:
+    """Print the job spec's JSON Schema (for editors)."""
+    click.echo(json.dumps(json_schema(), indent=2))
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@_set_option
+@click.option("--address", envvar="RAY_ADDRESS", default=None,
+              help="Ray cluster: ray://HOST:10001, HOST:6379 or auto (default: RAY_ADDRESS, "
+                   "else an embedded local Ray)")
+@click.option("--output", type=click.Path(file_okay=False), default=None,
+              help="run directory for result.json and events.jsonl (default runs/NAME-TIME)")
+@click.option("-o", "--output-format", "fmt", type=click.Choice(["text", "json"]),
+              default="text", help="json: print result.json to stdout")
+@click.option("--num-cpus", type=int, default=None, help="logical CPUs of the embedded Ray")
+def run(file: str, overrides: tuple[str, ...], address: str | None, output: str | None,
+        fmt: str, num_cpus: int | None) -> None:
+    """Train the job in FILE, recovering from failures, and print a summary."""
+    from orchestrator.driver import ClusterUnreachable, RunOptions, run_job
+    from orchestrator.entrypoint import EntrypointError, load_entrypoint
+    from orchestrator.progress import ProgressView, print_summary
+
+    err = Console(stderr=True)
+    spec = _load(file, overrides, err)
+    base_dir = str(Path(file).resolve().parent)
+    try:
+        load_entrypoint(spec.entrypoint, base_dir)
+    except EntrypointError as e:
+        err.print(f"[red]error:[/red] {file}: entrypoint", highlight=False)
+        err.print(f"  {e}", markup=False, highlight=False)
+        sys.exit(EXIT_USAGE)
+    out = Path(output) if output else Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    opts = RunOptions(address=address, output=out, base_dir=base_dir, num_cpus=num_cpus)
+    console = Console(stderr=fmt == "json")
+    try:
+        if fmt == "json":
+            result = run_job(spec, opts)
+        else:
+            console.print(f"stalwart: running {spec.name} ({spec.workers} workers, "
+                          f"{spec.steps} steps) -> {out}", highlight=False)
+            with ProgressView(console, spec.name) as view:
+                result = run_job(spec, opts, on_progress=view.update)
+    except ClusterUnreachable as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False)
+        sys.exit(EXIT_USAGE)
+    if fmt == "json":
+        click.echo(json.dumps(result, indent=2))
+    else:
+        print_summary(console, result)
+    sys.exit({"succeeded": 0, "cancelled": EXIT_CANCELLED}.get(result["status"], EXIT_FAILED))
+
+
+if __name__ == "__main__":
+    main()

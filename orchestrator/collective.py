@@ -1,0 +1,238 @@
+"""A process group that survives recoveries: reconfigured underneath, abortable from outside.
+
+Why: on a failure, survivors may sit in a collective waiting for a dead peer. Gloo's own
+``abort()`` does not release such a waiter (checked on torch 2.13), and its timeout is
+minutes. So every collective stalwart issues returns a future that we own: ``abort()`` fails
+all pending futures at once, the blocked rank unwinds, and the old gloo group is left to
+die (its worker threads may stay blocked on a socket; we keep it referenced so its
+destructor never joins them on the training thread).
+
+DDP is built once per process on a private one-rank group (no collectives at construction,
+so a replacement can build it alone) and all gradient traffic goes through a comm hook into
+the current generation's group. The hook reduces all gradients as one flat buffer in the
+model's parameter order, so the floating-point summation order does not depend on DDP's
+bucket layout, which differs between a fresh DDP and one that has rebuilt its buckets.
+That keeps recovery bit-exact; the price is no overlap of communication with backward.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+
+class GroupAborted(RuntimeError):
+    """Raised in the training thread when a recovery aborts the current process group."""
+
+
+def _wrap_backend(store, rank: int, size: int, backend_name: str, timeout: datetime.timedelta,
+                  device: torch.device, hostname: str | None = None
+                  ) -> tuple[dist.ProcessGroup, dist.Backend]:
+    pg = dist.ProcessGroup(store, rank, size)
+    if backend_name == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        be = dist.ProcessGroupNCCL(store, rank, size, opts)
+        kind = dist.ProcessGroup.BackendType.NCCL
+        pg._register_backend(device, kind, be)
+        # CPU tensors (e.g. a loss scalar) still need a CPU transport.
+    else:
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        if hostname:
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
+        else:
+            opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+        be = dist.ProcessGroupGloo(store, rank, size, opts)
+        kind = dist.ProcessGroup.BackendType.GLOO
+        pg._register_backend(torch.device("cpu"), kind, be)
+    pg._set_default_backend(kind)
+    return pg, be
+
+
+def local_group() -> dist.ProcessGroup:
+    """A one-rank gloo group on an in-process store, for building DDP without peers."""
+    pg, _ = _wrap_backend(dist.HashStore(), 0, 1, "gloo", datetime.timedelta(seconds=30),
+                          torch.device("cpu"), hostname="127.0.0.1")
+    return pg
+
+
+class ElasticGroup:
+    """The current generation's process group behind a stable handle."""
+
+    def __init__(self) -> None:
+        self._pg: dist.ProcessGroup | None = None
+        self._backend: dist.Backend | None = None
+        self._lock = threading.Lock()
+        self._pending: set[torch.futures.Future] = set()
+        self._aborted: str | None = "not configured"
+        self._graveyard: list[tuple[dist.ProcessGroup, dist.Backend]] = []
+        self.rank = 0
+        self.world_size = 1
+        self.generation = 0
+        self.backend = "gloo"
+
+    def configure(self, store, rank: int, world_size: int, generation: int, backend: str,
+                  device: torch.device, hostname: str | None,
+                  timeout: datetime.timedelta) -> None:
+        """Join generation `generation`'s group; blocks until every rank has joined."""
+        pg, be = _wrap_backend(store, rank, world_size, backend, timeout, device, hostname)
+        with self._lock:
+            if self._pg is not None:
+                self._graveyard.append((self._pg, self._backend))
+            self._pg, self._backend = pg, be
+            self.rank, self.world_size, self.generation = rank, world_size, generation
+            self.backend = backend
+            self._aborted = None
+
+    def abort(self, reason: str) -> None:
+        """Fail every pending and future collective of this generation with GroupAborted."""
+        with self._lock:
+            self._aborted = reason
+            pending, self._pending = list(self._pending), set()
+            backend = self._backend
+        if backend is not None and self.backend == "nccl":
+            # NCCL kernels stuck on the GPU must be aborted too, or the stream never drains.
+            backend.abort()
+        for fut in pending:
+            if not fut.done():
+                fut.set_exception(GroupAborted(reason))
+
+    @property
+    def aborted(self) -> str | None:
+        return self._aborted
+
+    def _track(self, work: dist.Work, result: Callable[[], object]) -> torch.futures.Future:
+        out: torch.futures.Future = torch.futures.Future()
+        with self._lock:
+            if self._aborted is not None:
+                out.set_exception(GroupAborted(self._aborted))
+                return out
+            self._pending.add(out)
+
+        def done(fut: torch.futures.Future) -> None:
+            with self._lock:
+                if out not in self._pending:
+                    return  # aborted meanwhile: the exception is already set
+                self._pending.discard(out)
+            try:
+                fut.value()
+                out.set_result(result())
+            except Exception as e:  # a transport error: hand it to the waiter
+                out.set_exception(e)
+
+        work.get_future().add_done_callback(done)
+        return out
+
+    def _group(self) -> dist.ProcessGroup:
+        with self._lock:
+            if self._aborted is not None:
+                raise GroupAborted(self._aborted)
+            return self._pg
+
+    def all_reduce_async(self, tensor: torch.Tensor,
+                         op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.futures.Future:
+        pg = self._group()
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = op
+        work = pg.allreduce([tensor], opts)
+        return self._track(work, lambda: tensor)
+
+    def all_reduce(self, tensor: torch.Tensor,
+                   op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
+        return self.all_reduce_async(tensor, op).wait()
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        pg = self._group()
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        opts.rootTensor = 0
+        return self._track(pg.broadcast([tensor], opts), lambda: tensor).wait()
+
+    def barrier(self) -> None:
+        t = torch.zeros(1, device=self._device_for_barrier())
+        self.all_reduce(t)
+
+    def _device_for_barrier(self) -> torch.device:
+        return torch.device("cuda") if self.backend == "nccl" else torch.device("cpu")
+
+
+class FlatGradReducer:
+    """DDP comm hook state: collect all buckets, reduce once in parameter order, average."""
+
+    def __init__(self, group: ElasticGroup, module: torch.nn.Module):
+        self.group = group
+        params = [p for p in module.parameters() if p.requires_grad]
+        self._index = {id(p): i for i, p in enumerate(params)}
+        self._sizes = [p.numel() for p in params]
+        self._offsets = [0]
+        for n in self._sizes:
+            self._offsets.append(self._offsets[-1] + n)
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) != 1:
+            raise ValueError(f"prepare_model needs one parameter dtype, got {sorted(map(str, dtypes))}")
+        self._flat = torch.zeros(self._offsets[-1], dtype=params[0].dtype, device=params[0].device)
+        self._buckets: list[tuple[dist.GradBucket, torch.futures.Future]] = []
+
+    def __call__(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        self._buckets.append((bucket, fut))
+        if bucket.is_last():
+            self._flush()
+        return fut
+
+    def _flush(self) -> None:
+        buckets, self._buckets = self._buckets, []
+        for bucket, _ in buckets:
+            for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
+                i = self._index[id(p)]
+                self._flat[self._offsets[i] : self._offsets[i + 1]].copy_(g.reshape(-1))
+        try:
+            reduced = self.group.all_reduce_async(self._flat)
+        except GroupAborted as e:
+            for _, fut in buckets:
+                fut.set_exception(e)
+            return
+        world = self.group.world_size
+
+        def scatter(f: torch.futures.Future) -> None:
+            try:
+                f.value()
+            except Exception as e:
+                for _, fut in buckets:
+                    fut.set_exception(e)
+                return
+            self._flat.div_(world)
+            for bucket, fut in buckets:
+                for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
+                    i = self._index[id(p)]
+                    g.copy_(self._flat[self._offsets[i] : self._offsets[i + 1]].view_as(g))
+                fut.set_result(bucket.buffer())
+
+        reduced.add_done_callback(scatter)
+
+
+def _flat_hook(state, bucket):
+    # No annotations: DDP inspects them and rejects the strings `from __future__` makes.
+    return state(bucket)
+
+
+def make_ddp(module: torch.nn.Module, group: ElasticGroup, device: torch.device,
+             **ddp_kwargs) -> torch.nn.parallel.DistributedDataParallel:
+    """DistributedDataParallel whose gradients flow through `group`, built without peers."""
+    if ddp_kwargs.get("broadcast_buffers") or ddp_kwargs.get("find_unused_parameters"):
+        raise ValueError(
+            "prepare_model does not support broadcast_buffers or find_unused_parameters: "
+            "buffers are restored from checkpoints, and every parameter must get a gradient"
+        )
+    ddp_kwargs["broadcast_buffers"] = False
+    device_ids = [device.index] if device.type == "cuda" else None
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        module, process_group=local_group(), device_ids=device_ids, **ddp_kwargs
+    )
+    ddp.register_comm_hook(FlatGradReducer(group, module), _flat_hook)
+    return ddp

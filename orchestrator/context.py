@@ -1,0 +1,262 @@
+"""The train context: the API the user's train loop sees.
+
+    def train_loop(ctx):
+        model = ctx.prepare_model(build(ctx.device))
+        opt = torch.optim.AdamW(model.parameters())
+        ctx.register(model=model, optimizer=opt)
+        for step in ctx.steps():          # resumes after the last committed step
+            loss = ...                    # data indexed by (step, rank)
+            ctx.report(loss=loss.item(), samples=64)
+
+On a recovery the loop is unwound (``ctx.steps()`` or a collective raises) and the worker
+calls ``train_loop(ctx)`` again in the same process; ``ctx.steps()`` then restores every
+registered object, the RNG states and the step counter from the last committed snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ckpt.pipeline import SnapshotPipeline
+from ckpt.snapshot import Snapshot, restore, state_digest
+from orchestrator.collective import ElasticGroup, GroupAborted, make_ddp
+
+
+class RecoveryInterrupt(GroupAborted):
+    """Raised out of ``ctx.steps()`` when the supervisor starts a recovery."""
+
+
+@dataclass
+class Progress:
+    """What the worker's heartbeat reports. Written by the training thread only."""
+
+    step: int = 0  # steps completed
+    metrics: dict[str, float] = field(default_factory=dict)
+    samples: float = 0.0
+    tokens: float = 0.0
+    compute_seconds: float = 0.0  # last step's wall time inside the loop body
+    step_started_at: float | None = None
+    first_step_done_at: float | None = None
+    restored_at: float | None = None
+    restored_step: int | None = None
+
+
+def capture_rng() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": _numpy_rng_to_tensor(np.random.get_state()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def apply_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(_tuples(state["python"]))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _numpy_rng_to_tensor(state: tuple) -> tuple:
+    # Snapshots hold tensors and plain values only; numpy's key array becomes a tensor.
+    kind, keys, pos, has_gauss, cached = state
+    return (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached))
+
+
+def _tuples(obj: Any) -> Any:
+    # random.setstate wants tuples all the way down; a round trip may hand back lists.
+    if isinstance(obj, list | tuple):
+        return tuple(_tuples(v) for v in obj)
+    return obj
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class TrainContext:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        node_id: str,
+        device: torch.device,
+        total_steps: int,
+        every_steps: int,
+        seed: int,
+        config: dict[str, Any],
+        group: ElasticGroup,
+        pipeline: SnapshotPipeline,
+        fetch: Callable[[int], Snapshot | None],
+        on_fault: Callable[[dict[str, Any]], None],
+    ):
+        self.rank = rank
+        self.world_size = world_size
+        self.local_rank = local_rank
+        self.node_id = node_id
+        self.device = device
+        self.total_steps = total_steps
+        self.seed = seed
+        self.config = dict(config)
+        self.group = group
+        self.generation = 0
+        self._every = every_steps
+        self._pipeline = pipeline
+        self._fetch = fetch
+        self._on_fault = on_fault
+        self._objects: dict[str, Any] = {}
+        self._ddp: dict[int, torch.nn.Module] = {}
+        self._restore_step: int | None = None
+        self._faults: list[dict[str, Any]] = []
+        self._interrupt: str | None = None
+        self.progress = Progress()
+
+    # --- called by the worker between generations -------------------------------------------
+
+    def begin_generation(self, generation: int, restore_step: int | None,
+                         faults: list[dict[str, Any]]) -> None:
+        self.generation = generation
+        self._restore_step = restore_step
+        self._faults = [f for f in faults if f["rank"] == self.rank]
+        self._interrupt = None
+        self._objects = {}
+        self.progress.restored_at = None
+        self.progress.first_step_done_at = None
+        seed_all(self.seed)
+
+    def interrupt(self, reason: str) -> None:
+        self._interrupt = reason
+
+    # --- the user's API ---------------------------------------------------------------------
+
+    def register(self, **objects: Any) -> None:
+        """Objects whose state_dict()/load_state_dict() make up this rank's checkpoint."""
+        for name, obj in objects.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(
+                    f"ctx.register({name}=...): needs state_dict() and load_state_dict(), "
+                    f"got {type(obj).__name__}"
+                )
+            self._objects[name] = obj
+
+    def prepare_model(self, module: torch.nn.Module, **ddp_kwargs: Any) -> torch.nn.Module:
+        """Move `module` to ctx.device and wrap it for data parallelism over the job's group.
+
+        Returns a DistributedDataParallel whose gradient all-reduce survives recoveries.
+        With one worker the module is returned as is.
+        """
+        module = module.to(self.device)
+        if self.world_size == 1:
+            return module
+        return make_ddp(module, self.group, self.device, **ddp_kwargs)
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """All-reduce `tensor` in place over the ranks ("sum", "mean", "max", "min")."""
+        ops = {"sum": torch.distributed.ReduceOp.SUM, "mean": torch.distributed.ReduceOp.SUM,
+               "max": torch.distributed.ReduceOp.MAX, "min": torch.distributed.ReduceOp.MIN}
+        if op not in ops:
+            raise ValueError(f"ctx.all_reduce op: expected one of {sorted(ops)}, got {op!r}")
+        if self.world_size > 1:
+            self.group.all_reduce(tensor, ops[op])
+        if op == "mean":
+            tensor.div_(self.world_size)
+        return tensor
+
+    def report(self, **metrics: float) -> None:
+        """Report scalars for this step (e.g. loss). `samples` and `tokens` are summed."""
+        for key in ("samples", "tokens"):
+            if key in metrics:
+                setattr(self.progress, key, getattr(self.progress, key) + float(metrics.pop(key)))
+        self.progress.metrics.update({k: float(v) for k, v in metrics.items()})
+
+    def steps(self) -> Iterator[int]:
+        """Yield step indices from the last committed step to the end, checkpointing as it goes."""
+        if not self._objects:
+            raise RuntimeError("call ctx.register(model=..., optimizer=...) before ctx.steps()")
+        start = self._restore()
+        for step in range(start, self.total_steps):
+            self._before_step(step)
+            t0 = time.perf_counter()
+            self.progress.step_started_at = time.time()
+            yield step
+            self.progress.compute_seconds = time.perf_counter() - t0
+            self.progress.step = step + 1
+            if self.progress.first_step_done_at is None:
+                self.progress.first_step_done_at = time.time()
+            if (step + 1) % self._every == 0 or step + 1 == self.total_steps:
+                self._pipeline.submit(step + 1, self._state(step + 1))
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _state(self, step: int) -> dict[str, Any]:
+        return {
+            "step": step,
+            "objects": {name: obj.state_dict() for name, obj in self._objects.items()},
+            "rng": capture_rng(),
+        }
+
+    def _restore(self) -> int:
+        self.progress.first_step_done_at = None
+        if self._restore_step is None:
+            # A fresh start: commit the initial state as step 0, so there is always a
+            # consistent point to return to.
+            self.progress.step = 0
+            self._pipeline.submit(0, self._state(0))
+            self.progress.restored_at = time.time()
+            self.progress.restored_step = None
+            return 0
+        snap = self._fetch(self._restore_step)
+        if snap is None:
+            raise RuntimeError(
+                f"rank {self.rank}: no snapshot for committed step {self._restore_step} in the "
+                "node store"
+            )
+        state = restore(snap, self.device)
+        for name, obj in self._objects.items():
+            if name not in state["objects"]:
+                raise RuntimeError(
+                    f"rank {self.rank}: checkpoint has no {name!r}; registered objects changed "
+                    f"between generations ({sorted(state['objects'])})"
+                )
+            obj.load_state_dict(state["objects"][name])
+            if isinstance(obj, torch.nn.Module):
+                obj.zero_grad(set_to_none=True)
+        apply_rng(state["rng"])
+        self.progress.step = state["step"]
+        self.progress.restored_at = time.time()
+        self.progress.restored_step = state["step"]
+        return state["step"]
+
+    def _before_step(self, step: int) -> None:
+        if self._interrupt is not None:
+            raise RecoveryInterrupt(self._interrupt)
+        for fault in self._faults:
+            if fault["at_step"] == step and fault["kind"] == "kill_worker":
+                self._on_fault({**fault, "at": time.time(), "step": step})
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    def model_digest(self) -> str | None:
+        model = self._objects.get("model")
+        if model is None:
+            return None
+        sd = model.state_dict()
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            sd = {k.removeprefix("module."): v for k, v in sd.items()}
+        return state_digest(sd)

@@ -1,0 +1,134 @@
+"""`stalwart run`: connect to Ray (embedded by default), start the job's supervisor, follow it,
+and write OUTPUT/result.json and OUTPUT/events.jsonl."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from orchestrator.spec import JobSpec
+
+POLL_INTERVAL_S = 0.25
+
+
+class ClusterUnreachable(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    address: str | None = None  # None: RAY_ADDRESS, else an embedded local Ray
+    output: Path = Path("runs")
+    base_dir: str | None = None  # where relative 'file.py:fn' entrypoints are found
+    num_cpus: int | None = None  # embedded Ray only
+    connect_timeout_s: float = 10.0
+
+
+def _probe(address: str, timeout: float) -> None:
+    """Fail fast, with a clear message, on an address nothing listens on."""
+    if address == "auto":
+        return
+    parsed = urlparse(address if "://" in address else f"tcp://{address}")
+    host, port = parsed.hostname, parsed.port
+    if host is None or port is None:
+        raise ClusterUnreachable(
+            f"--address {address!r}: expected ray://HOST:PORT, HOST:PORT or auto"
+        )
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as e:
+        raise ClusterUnreachable(
+            f"cannot reach the Ray cluster at {address}: {e.strerror or e}"
+        ) from None
+
+
+def connect(address: str | None, spec: JobSpec, num_cpus: int | None, timeout: float) -> str:
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        _probe(address, timeout)
+        try:
+            ray.init(address=address, namespace="stalwart", log_to_driver=False)
+        except (ConnectionError, RuntimeError) as e:
+            raise ClusterUnreachable(f"cannot connect to the Ray cluster at {address}: {e}") from None
+        return address
+    # Embedded: size Ray's logical CPUs to fit the job (the workers' threads are capped to
+    # their own share, so this does not oversubscribe the machine's cores).
+    need = spec.workers * spec.resources.cpu
+    cpus = num_cpus or max(os.cpu_count() or 1, int(need + 0.999))
+    ray.init(
+        num_cpus=cpus,
+        namespace="stalwart",
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+        configure_logging=True,
+        logging_level="ERROR",
+    )
+    return "embedded"
+
+
+def run_job(
+    spec: JobSpec,
+    opts: RunOptions,
+    on_progress: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
+) -> dict[str, Any]:
+    """Run `spec` to the end. Returns result.json's content (also written to opts.output)."""
+    import ray
+
+    from orchestrator.supervisor import JobSupervisor
+
+    out = Path(opts.output)
+    out.mkdir(parents=True, exist_ok=True)
+    events_path = out / "events.jsonl"
+    events_path.write_text("")
+    where = connect(opts.address, spec, opts.num_cpus, opts.connect_timeout_s)
+    try:
+        supervisor = (
+            ray.remote(JobSupervisor)
+            .options(num_cpus=0, max_concurrency=8, name=f"stalwart-{spec.name}",
+                     get_if_exists=False, max_restarts=0)
+            .remote(spec.model_dump(mode="json"), opts.base_dir)
+        )
+        done = supervisor.run.remote()
+        seen = 0
+        result = None
+        with events_path.open("a") as events_file:
+            while True:
+                finished, _ = ray.wait([done], timeout=POLL_INTERVAL_S)
+                update = ray.get(supervisor.poll.remote(seen))
+                for event in update["events"]:
+                    events_file.write(json.dumps(event) + "\n")
+                events_file.flush()
+                seen += len(update["events"])
+                if on_progress:
+                    on_progress(update["progress"], update["events"])
+                if finished:
+                    result = ray.get(done)
+                    break
+        result["ray"] = where
+        result["output"] = str(out)
+        (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+        return result
+    except KeyboardInterrupt:
+        supervisor.cancel.remote()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            finished, _ = ray.wait([done], timeout=1.0)
+            if finished:
+                result = ray.get(done)
+                result["ray"] = where
+                (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+                return result
+        raise
+    finally:
+        ray.shutdown()

@@ -1,0 +1,48 @@
+"""Resolve a job's entrypoint ('package.module:function' or 'path/to/file.py:function')."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+class EntrypointError(ValueError):
+    pass
+
+
+def load_entrypoint(entrypoint: str, base_dir: str | None = None) -> Callable[[Any], Any]:
+    target, _, func = entrypoint.rpartition(":")
+    try:
+        if target.endswith(".py"):
+            path = Path(target)
+            if not path.is_absolute() and base_dir is not None:
+                path = Path(base_dir) / path
+            if not path.is_file():
+                raise EntrypointError(f"entrypoint {entrypoint!r}: file {path} does not exist")
+            name = f"stalwart_entry_{abs(hash(str(path.resolve())))}"
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except EntrypointError:
+        raise
+    except Exception as e:
+        tb = traceback.format_exc(limit=-3)
+        raise EntrypointError(
+            f"entrypoint {entrypoint!r}: cannot import {target}: {type(e).__name__}: {e}\n{tb}"
+        ) from None
+    fn = getattr(module, func, None)
+    if fn is None:
+        raise EntrypointError(f"entrypoint {entrypoint!r}: {target} has no attribute {func!r}")
+    if not callable(fn):
+        raise EntrypointError(
+            f"entrypoint {entrypoint!r}: {func} is a {type(fn).__name__}, not callable"
+        )
+    return fn

@@ -1,0 +1,34 @@
+"""The job's event log: an append-only list of JSON-able dicts, read by offset."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class EventLog:
+    def __init__(self, clock: Callable[[], float] = time.time):
+        self._events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._clock = clock
+
+    def emit(self, type_: str, **fields: Any) -> dict[str, Any]:
+        event = {"ts": round(self._clock(), 6), "type": type_, **fields}
+        with self._lock:
+            event["seq"] = len(self._events)
+            self._events.append(event)
+        return event
+
+    def since(self, offset: int) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._events[offset:])
+
+    def of_type(self, type_: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [e for e in self._events if e["type"] == type_]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._events)

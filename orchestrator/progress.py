@@ -1,0 +1,140 @@
+"""Live progress and the end-of-run summary in the terminal (rich)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+_STATE_STYLE = {"RUNNING": "green", "RECOVERING": "yellow", "FAILED": "red",
+                "SUCCEEDED": "bold green", "CANCELLED": "magenta"}
+
+
+class ProgressView:
+    """Feeds on the supervisor's progress snapshots and events."""
+
+    def __init__(self, console: Console, name: str):
+        self.console = console
+        self.name = name
+        self._window: deque[tuple[float, int]] = deque(maxlen=40)
+        self._live: Live | None = None
+        self._last: dict[str, Any] = {}
+
+    def __enter__(self) -> ProgressView:
+        self._live = Live(self._render(), console=self.console, refresh_per_second=4,
+                          transient=False)
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._live.update(self._render())
+        self._live.__exit__(*exc)
+
+    def update(self, progress: dict[str, Any], events: list[dict[str, Any]]) -> None:
+        self._last = progress
+        self._window.append((progress["now"], progress["step"]))
+        for event in events:
+            line = _event_line(event)
+            if line is not None:
+                self._live.console.print(line)
+        self._live.update(self._render())
+
+    def _rate(self) -> float | None:
+        if len(self._window) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._window[0], self._window[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 and s1 >= s0 else None
+
+    def _render(self) -> Table:
+        p = self._last
+        grid = Table.grid(padding=(0, 2))
+        if not p:
+            grid.add_row(Text(f"{self.name}: starting", style="dim"))
+            return grid
+        state = p["state"]
+        total = p["total_steps"]
+        done = p["step"]
+        width = 30
+        fill = int(width * done / total) if total else 0
+        bar = "█" * fill + "░" * (width - fill)
+        rate = self._rate()
+        loss = p.get("loss")
+        grid.add_row(
+            Text(self.name, style="bold"),
+            Text(state, style=_STATE_STYLE.get(state, "cyan")),
+            Text(f"{bar} {done}/{total}"),
+            Text(f"{rate:.2f} steps/s" if rate is not None else "- steps/s"),
+            Text(f"loss {loss:.4f}" if loss is not None else "loss -"),
+            Text(f"committed {p.get('committed_step')}"),
+            Text(f"failures {p['failures']}", style="red" if p["failures"] else "dim"),
+        )
+        return grid
+
+
+def _event_line(e: dict[str, Any]) -> Text | None:
+    ts = time.strftime("%H:%M:%S", time.localtime(e["ts"]))
+    t = e["type"]
+    if t == "state":
+        style = _STATE_STYLE.get(e["new"], "cyan")
+        return Text(f"{ts} state {e['old']} -> {e['new']}: {e['reason']}", style=style)
+    if t == "fault_injected":
+        return Text(f"{ts} chaos: {e['kind']} rank {e['rank']} at step {e['step']}",
+                    style="magenta")
+    if t == "decision":
+        return Text(f"{ts} decision {e['action']}: {e['reason']}", style="yellow")
+    if t == "recovered":
+        phases = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in e["phases_s"].items())
+        return Text(f"{ts} recovered generation {e['generation']} from step "
+                    f"{e['restore_step']} ({phases})", style="green")
+    if t == "abort_timeout":
+        return Text(f"{ts} rank {e['rank']} {e['reason']}", style="red")
+    return None
+
+
+def print_summary(console: Console, result: dict[str, Any]) -> None:
+    status = result["status"]
+    style = {"succeeded": "bold green", "failed": "bold red"}.get(status, "magenta")
+    t = Table(title=f"stalwart: {result['name']} {status}", title_style=style,
+              show_header=False, box=None, padding=(0, 2))
+    t.add_row("steps", f"{result['steps_completed']}/{result['total_steps']}")
+    if result.get("steps_per_second"):
+        t.add_row("throughput", f"{result['steps_per_second']:.2f} steps/s, "
+                                f"{result['samples_per_second']:.1f} samples/s")
+    if result.get("final_loss") is not None:
+        t.add_row("final loss", f"{result['final_loss']:.4f}")
+    t.add_row("wall time", f"{result['wall_seconds']:.1f} s")
+    t.add_row("failures", str(len(result["failures"])))
+    t.add_row("steps redone", str(result["lost_steps_total"]))
+    if result.get("model_digest"):
+        t.add_row("model digest", result["model_digest"][:16] + "…")
+    ck = result.get("checkpoint")
+    if ck and ck.get("capture_ms_mean") is not None:
+        t.add_row("checkpoint", f"{ck['snapshots']} snapshots of {ck['bytes_per_snapshot'] / 1e6:.2f}"
+                                f" MB, {ck['capture_ms_mean']:.2f} ms on the step")
+    parts: list[Any] = [t]
+    if result["failures"]:
+        f = Table(title="failures", show_lines=False)
+        for col in ("kind", "rank", "step", "detected after", "recovered after",
+                    "steps redone"):
+            f.add_column(col)
+        for x in result["failures"]:
+            f.add_row(x["kind"], str(x["rank"]), str(x["step"]), _ms(x["detected_after_s"]),
+                      _ms(x["recovered_after_s"]), str(x["steps_redone"]))
+        parts.append(f)
+    if result.get("error"):
+        err = result["error"]
+        parts.append(Text(f"error: {err['message']}", style="red"))
+        if err.get("traceback"):
+            parts.append(Text(f"rank {err.get('rank')} traceback:\n{err['traceback']}",
+                              style="red"))
+    parts.append(Text(f"output: {result.get('output')}/result.json, events.jsonl", style="dim"))
+    console.print(Group(*parts))
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f} ms" if v < 10 else f"{v:.1f} s"

@@ -1,0 +1,227 @@
+"""Job spec: the YAML a user writes, validated once at the edge.
+
+Every error names the field path and what was expected, e.g.
+``checkpoint.every_steps: must be >= 1, got 0``. Nothing past this module
+sees an unvalidated spec.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENTRYPOINT_RE = re.compile(
+    r"^(?P<target>[A-Za-z_][\w.]*|[^:]+\.py):(?P<func>[A-Za-z_]\w*)$",
+)
+
+
+class SpecError(ValueError):
+    """A job spec that cannot be used; ``errors`` holds one line per problem."""
+
+    def __init__(self, source: str, errors: list[str]):
+        self.source = source
+        self.errors = errors
+        super().__init__(f"{source}: " + "; ".join(errors))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Resources(_Model):
+    """What one worker asks of Ray."""
+
+    cpu: float = Field(1.0, ge=0, description="CPUs per worker")
+    gpu: float = Field(0.0, ge=0, description="GPUs per worker")
+    custom: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources per worker"
+    )
+
+
+class CheckpointSpec(_Model):
+    every_steps: int = Field(1, ge=1, description="snapshot registered state every N steps")
+
+
+class FailureSpec(_Model):
+    max_restarts: int | None = Field(
+        10, ge=0, description="recoveries allowed before the job fails; null = unlimited"
+    )
+    user_error_retries: int = Field(
+        0,
+        ge=0,
+        description="times an exception raised by the train loop is retried from the last "
+        "checkpoint before the job fails (replays are deterministic, so 0 fails fast)",
+    )
+    abort_timeout_s: float = Field(
+        10.0, gt=0, description="how long survivors get to leave their train loop on recovery"
+    )
+    rendezvous_timeout_s: float = Field(
+        120.0, gt=0, description="how long ranks wait for each other to form a process group"
+    )
+    scheduling_timeout_s: float = Field(
+        120.0, gt=0, description="how long to wait for Ray to place the workers"
+    )
+
+
+class MetricsSpec(_Model):
+    host: str = Field("127.0.0.1", description="exporter bind address")
+    port: int = Field(0, ge=0, le=65535, description="exporter port; 0 picks a free one")
+
+
+class KillWorker(_Model):
+    """SIGKILL the worker holding ``rank`` when it reaches ``at_step`` (once)."""
+
+    kind: Literal["kill_worker"]
+    rank: int = Field(ge=0)
+    at_step: int = Field(ge=0)
+
+
+# An open union: later fault kinds are added here and discriminated by ``kind``.
+Fault = Annotated[KillWorker, Field(discriminator="kind")]
+
+
+class ChaosSpec(_Model):
+    faults: list[Fault] = Field(default_factory=list)
+
+
+class JobSpec(_Model):
+    name: str = Field(
+        pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+        description="job name: lower-case letters, digits and '-'",
+    )
+    entrypoint: str = Field(
+        description="'package.module:function' or 'path/to/file.py:function'; "
+        "the function takes the train context"
+    )
+    workers: int = Field(ge=1, description="number of training ranks")
+    resources: Resources = Field(default_factory=Resources)
+    placement: Literal["PACK", "SPREAD"] = "PACK"
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    steps: int = Field(ge=1, description="total training steps")
+    seed: int = 0
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    failure: FailureSpec = Field(default_factory=FailureSpec)
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+    chaos: ChaosSpec = Field(default_factory=ChaosSpec)
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="free-form settings handed to the train loop"
+    )
+    runtime_env: dict[str, Any] = Field(
+        default_factory=dict, description="passed to Ray as the workers' runtime_env"
+    )
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_form(cls, v: str) -> str:
+        if not ENTRYPOINT_RE.match(v):
+            raise ValueError(
+                "expected 'package.module:function' or 'path/to/file.py:function', " f"got {v!r}"
+            )
+        return v
+
+    def model_post_init(self, _ctx: Any) -> None:
+        for i, fault in enumerate(self.chaos.faults):
+            if fault.rank >= self.workers:
+                raise ValueError(
+                    f"chaos.faults.{i}.rank: must be < workers ({self.workers}), got {fault.rank}"
+                )
+            if fault.at_step >= self.steps:
+                raise ValueError(
+                    f"chaos.faults.{i}.at_step: must be < steps ({self.steps}), "
+                    f"got {fault.at_step}"
+                )
+
+    def resolved_backend(self, cuda_available: bool) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if self.resources.gpu > 0 and cuda_available else "gloo"
+
+
+def _format_error(err: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+    # Discriminated unions add the tag to the path; users never wrote it.
+    loc = re.sub(r"\.kill_worker", "", loc)
+    msg = err["msg"]
+    typ = err["type"]
+    given = err.get("input")
+    if typ == "extra_forbidden":
+        return f"{loc}: unknown field"
+    if typ == "missing":
+        return f"{loc}: required field is missing"
+    if typ == "value_error":
+        text = msg.removeprefix("Value error, ")
+        # model_post_init raises with its own field path.
+        if re.match(r"^[\w.]+: ", text):
+            return text
+        return f"{loc}: {text}" if loc else text
+    ctx = err.get("ctx") or {}
+    for key, word in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+        if key in ctx:
+            return f"{loc}: must be {word} {ctx[key]}, got {given!r}"
+    shown = json.dumps(given) if isinstance(given, str | int | float | bool) else repr(given)
+    return f"{loc}: {msg[0].lower() + msg[1:]}, got {shown}"
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], value parsed as YAML)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key or any(not p for p in key.split(".")):
+        raise SpecError("--set", [f"expected key.path=value, got {text!r}"])
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise SpecError("--set", [f"{key}: value is not valid YAML: {e}"]) from None
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise SpecError(
+                    "--set",
+                    [f"{'.'.join(path[: i + 1])}: is not a mapping, cannot set {'.'.join(path)}"],
+                )
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def validate(data: Any, source: str = "<spec>") -> JobSpec:
+    if not isinstance(data, dict):
+        raise SpecError(source, [f"expected a mapping at the top level, got {type(data).__name__}"])
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(source, [_format_error(err) for err in e.errors()]) from None
+
+
+def load_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(str(path), [f"cannot read: {e.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError(str(path), [f"not valid YAML: {e}"]) from None
+    data = apply_overrides(data if isinstance(data, dict) else data, list(overrides))
+    return validate(data, str(path))
+
+
+def json_schema() -> dict[str, Any]:
+    schema = JobSpec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "stalwart job spec"
+    return schema

@@ -1,0 +1,585 @@
+"""The job supervisor: one Ray actor per job, an explicit state machine that executes decisions.
+
+It places the workers, runs a fresh rendezvous per process-group generation, collects worker
+outcomes and node-agent reports, asks the failure policy what to do and does it. It decides
+nothing itself: health.policy.decide does.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import ray
+import torch.distributed as dist
+from ray.exceptions import GetTimeoutError, RayActorError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
+
+from ckpt.commit import CommitTracker
+from health.observations import Budget, FailureKind, WorkerFailure
+from health.policy import Action, Decision, decide
+from orchestrator.agent import NodeAgent
+from orchestrator.events import EventLog
+from orchestrator.resources import SchedulingError, check_capacity, worker_bundle
+from orchestrator.spec import JobSpec
+from orchestrator.state import JobState, StateMachine, Transition
+from orchestrator.worker import TrainWorker
+
+log = logging.getLogger(__name__)
+
+AGENT_POLL_INTERVAL_S = 0.2
+COLLECTIVE_TIMEOUT_S = 1800.0  # a backstop only: recoveries abort collectives explicitly
+
+
+class JobSupervisor:
+    def __init__(self, spec: dict[str, Any], base_dir: str | None = None):
+        self.spec = JobSpec.model_validate(spec)
+        self.spec_dict = self.spec.model_dump(mode="json")
+        self.base_dir = base_dir
+        self.events = EventLog()
+        self.sm = StateMachine()
+        self.sm.add_hook(self._on_transition)
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()
+        n = self.spec.workers
+        self.workers: dict[int, Any] = {}
+        self.worker_info: dict[int, dict[str, Any]] = {}
+        self.bundle_node: dict[int, str] = {}
+        self.agents: dict[str, Any] = {}
+        self.pg = None
+        self.generation = 0
+        self.futures: dict[Any, int] = {}
+        self.finished: dict[int, dict[str, Any]] = {}
+        self.commit = CommitTracker(n)
+        self.stored: dict[str, dict[int, list[int]]] = {}
+        self.beats: dict[int, dict[str, Any]] = {}
+        self.fault_records: list[dict[str, Any]] = []
+        self.fired: set[int] = set()
+        self.pending: list[WorkerFailure] = []
+        self.failures: list[dict[str, Any]] = []
+        self.open_recovery: dict[str, Any] | None = None
+        self.restarts = 0
+        self.user_errors = 0
+        self.error: dict[str, Any] | None = None
+        self.started_at = time.time()
+        self.running_since: float | None = None
+        self.ended_at: float | None = None
+        self._store = None
+        self._last_poll = 0.0
+        self._dropped_below: int | None = None
+
+    # --- public API (called by the driver) ---------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        try:
+            self._set(JobState.SCHEDULING, f"placing {self.spec.workers} workers")
+            self._schedule()
+            self._start_generation(restore_step=None)
+            self.running_since = time.time()
+            self._set(JobState.RUNNING, f"generation {self.generation} started")
+            while not self.sm.state.terminal:
+                if self._cancel.is_set():
+                    self._abort_all("job cancelled")
+                    self._set(JobState.CANCELLED, "cancelled by the user")
+                    break
+                self._tick()
+        except SchedulingError as e:
+            self.error = {"message": str(e)}
+            self._set(JobState.FAILED, str(e))
+        except Exception as e:
+            log.exception("supervisor failed")
+            self.error = {"message": f"supervisor error: {type(e).__name__}: {e}"}
+            if not self.sm.state.terminal:
+                self._set(JobState.FAILED, self.error["message"])
+        finally:
+            self.ended_at = time.time()
+            self._teardown()
+        return self.result()
+
+    def poll(self, since: int = 0) -> dict[str, Any]:
+        return {"events": self.events.since(since), "progress": self.progress()}
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def progress(self) -> dict[str, Any]:
+        with self._lock:
+            beats = [b for b in self.beats.values() if b.get("generation") == self.generation]
+            steps = [b["step"] for b in beats]
+            losses = [b["metrics"]["loss"] for b in beats if "loss" in b.get("metrics", {})]
+            return {
+                "state": self.sm.state.value,
+                "generation": self.generation,
+                "step": max(steps) if steps else 0,
+                "total_steps": self.spec.steps,
+                "committed_step": self.commit.committed,
+                "loss": sum(losses) / len(losses) if losses else None,
+                "samples": sum(b.get("samples", 0.0) for b in beats),
+                "failures": len(self.failures),
+                "restarts": self.restarts,
+                "workers": len(self.workers),
+                "now": time.time(),
+            }
+
+    # --- state --------------------------------------------------------------------------------
+
+    def _set(self, state: JobState, reason: str) -> Transition:
+        return self.sm.set(state, reason)
+
+    def _on_transition(self, t: Transition) -> None:
+        self.events.emit("state", old=t.old.value, new=t.new.value, reason=t.reason)
+
+    # --- scheduling ---------------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        spec = self.spec
+        check_capacity(spec, ray.nodes())
+        bundle = worker_bundle(spec)
+        self.pg = placement_group([dict(bundle) for _ in range(spec.workers)],
+                                  strategy=spec.placement, name=f"stalwart-{spec.name}")
+        try:
+            ray.get(self.pg.ready(), timeout=spec.failure.scheduling_timeout_s)
+        except GetTimeoutError:
+            raise SchedulingError(
+                f"Ray could not place {spec.workers} workers of {bundle} ({spec.placement}) "
+                f"within failure.scheduling_timeout_s={spec.failure.scheduling_timeout_s}"
+            ) from None
+        table = ray.util.placement_group_table(self.pg)
+        self.bundle_node = {int(i): n for i, n in table["bundles_to_node_id"].items()}
+        for node in sorted(set(self.bundle_node.values())):
+            self._ensure_agent(node)
+        for rank in range(spec.workers):
+            self.workers[rank] = self._create_worker(rank)
+        self._await_ready(list(range(spec.workers)))
+        self.events.emit("scheduled", nodes=sorted(set(self.bundle_node.values())),
+                         workers={r: self.worker_info[r] for r in self.workers})
+
+    def _ensure_agent(self, node: str) -> Any:
+        if node not in self.agents:
+            self.agents[node] = (
+                ray.remote(NodeAgent)
+                .options(
+                    num_cpus=0,
+                    max_concurrency=32,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                )
+                .remote(node)
+            )
+        return self.agents[node]
+
+    def _create_worker(self, rank: int) -> Any:
+        spec = self.spec
+        node = self.bundle_node[rank]
+        options: dict[str, Any] = {
+            "num_cpus": spec.resources.cpu,
+            "num_gpus": spec.resources.gpu,
+            "resources": dict(spec.resources.custom),
+            "max_concurrency": 4,
+            "max_restarts": 0,
+            "max_task_retries": 0,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                self.pg, placement_group_bundle_index=rank
+            ),
+        }
+        if spec.runtime_env:
+            options["runtime_env"] = spec.runtime_env
+        return (
+            ray.remote(TrainWorker)
+            .options(**options)
+            .remote(job=spec.name, spec=self.spec_dict, rank=rank, world_size=spec.workers,
+                    agent=self.agents[node], base_dir=self.base_dir)
+        )
+
+    def _await_ready(self, ranks: list[int]) -> None:
+        refs = {self.workers[r].ready.remote(): r for r in ranks}
+        try:
+            infos = ray.get(list(refs), timeout=self.spec.failure.scheduling_timeout_s)
+        except GetTimeoutError:
+            raise SchedulingError(
+                f"workers {sorted(refs.values())} did not start within "
+                f"failure.scheduling_timeout_s={self.spec.failure.scheduling_timeout_s}"
+            ) from None
+        except RayActorError as e:
+            raise SchedulingError(f"a worker failed to start: {_actor_error_text(e)}") from None
+        for info in infos:
+            self.worker_info[info["rank"]] = info
+
+    def _local_ranks(self) -> dict[int, int]:
+        by_node: dict[str, list[int]] = defaultdict(list)
+        for rank in sorted(self.workers):
+            by_node[self.worker_info[rank]["node_id"]].append(rank)
+        return {r: i for ranks in by_node.values() for i, r in enumerate(ranks)}
+
+    # --- generations --------------------------------------------------------------------------
+
+    def _start_generation(self, restore_step: int | None) -> None:
+        self.generation += 1
+        gen = self.generation
+        rendezvous = {"timeout_s": self.spec.failure.rendezvous_timeout_s,
+                      "collective_timeout_s": COLLECTIVE_TIMEOUT_S}
+        if self.spec.workers > 1:
+            # A fresh store (and port) per generation: nothing of a broken generation can
+            # leak into the next one's rendezvous.
+            host = ray.util.get_node_ip_address()
+            self._store = dist.TCPStore(
+                host, 0, None, True, wait_for_workers=False,
+                timeout=datetime.timedelta(seconds=self.spec.failure.rendezvous_timeout_s),
+            )
+            rendezvous.update(host=host, port=self._store.port)
+        faults = [
+            {**f.model_dump(mode="json"), "index": i}
+            for i, f in enumerate(self.spec.chaos.faults)
+            if i not in self.fired
+        ]
+        local = self._local_ranks()
+        self.futures = {}
+        self.finished = {}
+        for rank, worker in self.workers.items():
+            source = self._shard_source(rank, restore_step)
+            ref = worker.run.remote(gen, rendezvous, restore_step, source, faults, local[rank])
+            self.futures[ref] = rank
+        self.events.emit("generation", generation=gen, restore_step=restore_step,
+                         world_size=self.spec.workers, rendezvous_port=rendezvous.get("port"))
+
+    def _shard_source(self, rank: int, step: int | None) -> Any:
+        if step is None:
+            return None
+        own = self.worker_info[rank]["node_id"]
+        nodes = [own] + [n for n in self.stored if n != own]
+        for node in nodes:
+            if step in self.stored.get(node, {}).get(rank, ()):
+                return self.agents[node]
+        raise RuntimeError(f"no store holds rank {rank}'s shard of committed step {step}")
+
+    # --- the control loop ---------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        ready, _ = ray.wait(list(self.futures), num_returns=1, timeout=0.05)
+        if ready:
+            ready, _ = ray.wait(list(self.futures), num_returns=len(self.futures), timeout=0)
+        for ref in ready:
+            self._collect(ref)
+        if time.time() - self._last_poll >= AGENT_POLL_INTERVAL_S or self.pending:
+            self._poll_agents()
+        if self.pending:
+            self._handle_failures()
+        elif len(self.finished) == len(self.workers) and not self.futures:
+            self._finish()
+
+    def _collect(self, ref: Any) -> WorkerFailure | None:
+        rank = self.futures.pop(ref)
+        now = time.time()
+        try:
+            out = ray.get(ref)
+        except RayActorError as e:
+            f = WorkerFailure(FailureKind.WORKER_DIED, rank, self.worker_info[rank]["node_id"],
+                              now, step=self.beats.get(rank, {}).get("step"),
+                              message=_actor_error_text(e))
+            self.pending.append(f)
+            return f
+        if out["outcome"] == "finished":
+            self.finished[rank] = out
+            return None
+        if out["outcome"] == "interrupted":
+            self.finished[rank] = out
+            return None
+        kind = FailureKind.USER_ERROR if out["outcome"] == "user_error" else FailureKind.COMM_ERROR
+        f = WorkerFailure(kind, rank, out["node_id"], now, step=out["step"],
+                          error_type=out.get("error_type"), message=out.get("message"),
+                          traceback=out.get("traceback"))
+        self.finished[rank] = out
+        self.pending.append(f)
+        return f
+
+    def _poll_agents(self) -> None:
+        self._last_poll = time.time()
+        nodes = list(self.agents)
+        refs = [self.agents[n].report.remote() for n in nodes]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)
+        reports = []
+        for ref in ready:
+            try:
+                reports.append(ray.get(ref))
+            except RayActorError:
+                continue  # a lost node's agent: the health issue acts on its silence
+        merged: dict[int, set[int]] = defaultdict(set)
+        with self._lock:
+            for rep in reports:
+                self.stored[rep["node"]] = rep["stored"]
+                for rank, steps in rep["stored"].items():
+                    merged[int(rank)].update(steps)
+                for rank, beat in rep["beats"].items():
+                    rank = int(rank)
+                    if rank in self.workers and beat["pid"] == self.worker_info[rank]["pid"]:
+                        self.beats[rank] = beat
+                for fault in rep["faults"]:
+                    self.fault_records.append(fault)
+                    self.fired.add(fault["index"])
+                    self.events.emit("fault_injected", **fault)
+            before = self.commit.committed
+            committed = self.commit.observe({r: merged.get(r, set()) for r in self.workers})
+        if committed != before and committed is not None:
+            drop = self.commit.droppable_below()
+            if drop is not None and drop != self._dropped_below:
+                self._dropped_below = drop
+                for agent in self.agents.values():
+                    agent.prune.remote(below=drop)
+        self._close_recovery()
+
+    def _budget(self) -> Budget:
+        return Budget(self.restarts, self.spec.failure.max_restarts, self.user_errors,
+                      self.spec.failure.user_error_retries)
+
+    def _handle_failures(self) -> None:
+        decision, reason = decide(self.pending, self._budget(), time.time())
+        if decision.action is Action.NOOP:
+            return
+        failures, self.pending = self.pending, []
+        self.events.emit("decision", action=decision.action.value, ranks=list(decision.ranks),
+                         reason=reason,
+                         failures=[_failure_event(f) for f in failures])
+        if decision.action is Action.FAIL:
+            root = _root_cause(failures)
+            self.error = {"message": reason, "rank": root.rank, "kind": root.kind.value,
+                          "error_type": root.error_type, "traceback": root.traceback}
+            self._abort_all(reason)
+            self._record_failures(failures, restored_step=None, decided_at=time.time())
+            self._set(JobState.FAILED, reason)
+            return
+        self._recover(decision, reason, failures)
+
+    # --- recovery -----------------------------------------------------------------------------
+
+    def _recover(self, decision: Decision, reason: str, failures: list[WorkerFailure]) -> None:
+        t_decided = time.time()
+        self.restarts += 1
+        if any(f.kind is FailureKind.USER_ERROR for f in failures):
+            self.user_errors += 1
+        self._set(JobState.RECOVERING, reason)
+        replace = set(decision.ranks)
+        gen = self.generation
+
+        # 1. Release survivors: fail their collectives, unwind their loops.
+        t0 = time.time()
+        live = {ref: r for ref, r in self.futures.items()}
+        for rank, worker in self.workers.items():
+            if rank not in replace:
+                worker.abort.remote(gen, reason)
+        deadline = time.time() + self.spec.failure.abort_timeout_s
+        while self.futures and time.time() < deadline:
+            ready, _ = ray.wait(list(self.futures), num_returns=1,
+                                timeout=max(0.0, deadline - time.time()))
+            for ref in ready:
+                extra = self._collect(ref)
+                if extra is not None:
+                    failures.append(extra)
+                    if extra.kind is FailureKind.WORKER_DIED:
+                        replace.add(extra.rank)
+        stuck = sorted(self.futures.values())
+        for ref in list(self.futures):
+            self.futures.pop(ref)
+        for rank in stuck:
+            self.events.emit("abort_timeout", rank=rank,
+                             reason=f"did not leave its train loop within "
+                             f"failure.abort_timeout_s={self.spec.failure.abort_timeout_s}")
+            replace.add(rank)
+        self.pending = [p for p in self.pending if p.kind is not FailureKind.COMM_ERROR]
+        t_aborted = time.time()
+        del live
+
+        # 2. Replace lost ranks in their placement-group bundle.
+        for rank in sorted(replace):
+            ray.kill(self.workers[rank], no_restart=True)
+            self.beats.pop(rank, None)
+            for agent in self.agents.values():
+                agent.forget.remote(rank)
+            self.workers[rank] = self._create_worker(rank)
+        if replace:
+            try:
+                self._await_ready(sorted(replace))
+            except SchedulingError as e:
+                self.error = {"message": f"recovery failed: {e}"}
+                self._set(JobState.FAILED, self.error["message"])
+                return
+        t_replaced = time.time()
+
+        # 3. Roll back to the newest committed step and start a new generation there.
+        self._poll_agents()
+        restore = self.commit.committed
+        if restore is not None:
+            self.commit.rollback(restore)
+            for agent in self.agents.values():
+                agent.prune.remote(above=restore)
+        self._record_failures(failures, restored_step=restore, decided_at=t_decided)
+        self.open_recovery = {
+            "generation": self.generation + 1,
+            "failures": self.failures[-len(failures):],
+            "phases": {"abort": t_aborted - t0, "replace": t_replaced - t_aborted},
+            "decided_at": t_decided,
+            "restore_step": restore,
+            "replaced": sorted(replace),
+        }
+        self._start_generation(restore_step=restore)
+        self._set(JobState.RUNNING,
+                  f"generation {self.generation}: resumed from committed step {restore}"
+                  + (f", replaced rank(s) {sorted(replace)}" if replace else ""))
+
+    def _record_failures(self, failures: list[WorkerFailure], restored_step: int | None,
+                         decided_at: float) -> None:
+        injected = {f["rank"]: f for f in self.fault_records}
+        reached = max([b.get("step", 0) for b in self.beats.values()]
+                      + [o.get("step", 0) for o in self.finished.values()] + [0])
+        for f in failures:
+            if f.kind is FailureKind.COMM_ERROR and any(
+                g.kind is not FailureKind.COMM_ERROR for g in failures
+            ):
+                continue  # a symptom of the root cause, not a failure of its own
+            fault = injected.get(f.rank)
+            t_fail = fault["at"] if fault else None
+            self.failures.append({
+                "kind": f.kind.value,
+                "rank": f.rank,
+                "node": f.node,
+                "step": fault["step"] if fault else f.step,
+                "injected": fault is not None,
+                "error_type": f.error_type,
+                "message": f.message,
+                "detected_at": f.at,
+                "detected_after_s": round(f.at - t_fail, 4) if t_fail else None,
+                "decided_after_s": round(decided_at - f.at, 4),
+                "restored_step": restored_step,
+                "steps_redone": (reached - restored_step) if restored_step is not None else None,
+                "recovered_after_s": None,
+            })
+            if fault:
+                self.fault_records.remove(fault)
+
+    def _close_recovery(self) -> None:
+        rec = self.open_recovery
+        if rec is None or rec["generation"] != self.generation:
+            return
+        beats = [b for b in self.beats.values() if b.get("generation") == self.generation]
+        if len(beats) < len(self.workers):
+            return
+        timings = [b.get("timings", {}) for b in beats]
+        if not all("first_step_done" in t for t in timings):
+            return
+        started = min(t["started"] for t in timings)
+        rdzv = max(t.get("rendezvous_done", started) for t in timings)
+        restored = max(t.get("restored", rdzv) for t in timings)
+        first = max(t["first_step_done"] for t in timings)
+        phases = dict(rec["phases"])
+        phases.update(rendezvous=rdzv - started, restore=restored - rdzv,
+                      first_step=first - restored)
+        for f in rec["failures"]:
+            origin = f["detected_at"] - (f["detected_after_s"] or 0.0)
+            f["recovered_after_s"] = round(first - origin, 4)
+            f["phases_s"] = {k: round(v, 4) for k, v in phases.items()}
+            f["phases_s"]["detect"] = f["detected_after_s"]
+            f["phases_s"]["decide"] = f["decided_after_s"]
+        self.events.emit("recovered", generation=self.generation,
+                         restore_step=rec["restore_step"], replaced=rec["replaced"],
+                         phases_s={k: round(v, 4) for k, v in phases.items()},
+                         recovered_after_s=[f["recovered_after_s"] for f in rec["failures"]])
+        self.open_recovery = None
+
+    def _abort_all(self, reason: str) -> None:
+        for worker in self.workers.values():
+            worker.abort.remote(self.generation, reason)
+
+    def _finish(self) -> None:
+        digests = {o["digest"] for o in self.finished.values() if o.get("digest")}
+        if len(digests) > 1:
+            self.error = {"message": f"ranks ended with different models: {sorted(digests)}"}
+            self._set(JobState.FAILED, self.error["message"])
+            return
+        self._poll_agents()
+        self._set(JobState.SUCCEEDED, f"all {self.spec.workers} ranks finished "
+                                      f"{self.spec.steps} steps")
+
+    def _teardown(self) -> None:
+        for worker in self.workers.values():
+            ray.kill(worker, no_restart=True)
+        for agent in self.agents.values():
+            ray.kill(agent, no_restart=True)
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+        self._store = None
+
+    # --- result -------------------------------------------------------------------------------
+
+    def result(self) -> dict[str, Any]:
+        state = self.sm.state
+        outs = [self.finished[r] for r in sorted(self.finished)]
+        losses = [o["metrics"]["loss"] for o in outs if "loss" in o.get("metrics", {})]
+        digests = [o.get("digest") for o in outs if o.get("digest")]
+        steps_done = max([o["step"] for o in outs] + [self.progress()["step"]])
+        end = self.ended_at or time.time()
+        run_s = end - (self.running_since or end)
+        samples = sum(o.get("samples", 0.0) for o in outs)
+        return {
+            "name": self.spec.name,
+            "status": {JobState.SUCCEEDED: "succeeded", JobState.FAILED: "failed",
+                       JobState.CANCELLED: "cancelled"}.get(state, state.value.lower()),
+            "steps_completed": steps_done,
+            "total_steps": self.spec.steps,
+            "final_loss": sum(losses) / len(losses) if losses else None,
+            "model_digest": digests[0] if digests else None,
+            "workers": self.spec.workers,
+            "generations": self.generation,
+            "restarts": self.restarts,
+            "failures": self.failures,
+            "lost_steps_total": sum(f["steps_redone"] or 0 for f in self.failures),
+            "wall_seconds": round(end - self.started_at, 3),
+            "training_seconds": round(run_s, 3),
+            "steps_per_second": round(self.spec.steps / run_s, 3)
+            if state is JobState.SUCCEEDED and run_s > 0 else None,
+            "samples_per_second": round(samples / run_s, 3)
+            if state is JobState.SUCCEEDED and run_s > 0 else None,
+            "committed_step": self.commit.committed,
+            "checkpoint": _pipeline_summary(outs),
+            "error": self.error,
+        }
+
+
+def _pipeline_summary(outs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    stats = [o["pipeline"] for o in outs if o.get("pipeline")]
+    if not stats:
+        return None
+    caps = sum(s["captures"] for s in stats)
+    return {
+        "snapshots": caps,
+        "bytes_per_snapshot": max(s["last_bytes"] for s in stats),
+        "capture_ms_mean": round(1000 * sum(s["capture_seconds"] for s in stats) / caps, 3)
+        if caps else None,
+        "wait_ms_mean": round(1000 * sum(s["wait_seconds"] for s in stats) / caps, 3)
+        if caps else None,
+        "handover_ms_mean": round(1000 * sum(s["handover_seconds"] for s in stats) / caps, 3)
+        if caps else None,
+        "errors": sum(s["errors"] for s in stats),
+    }
+
+
+def _failure_event(f: WorkerFailure) -> dict[str, Any]:
+    return {"kind": f.kind.value, "rank": f.rank, "node": f.node, "step": f.step,
+            "error_type": f.error_type, "message": (f.message or "")[:500]}
+
+
+def _root_cause(failures: list[WorkerFailure]) -> WorkerFailure:
+    order = {FailureKind.USER_ERROR: 0, FailureKind.WORKER_DIED: 1, FailureKind.COMM_ERROR: 2}
+    return min(failures, key=lambda f: (order[f.kind], f.at))
+
+
+def _actor_error_text(e: BaseException) -> str:
+    text = str(e).strip()
+    # Ray's message repeats the actor's whole creation traceback; the last lines carry it.
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return "\n".join(lines[-12:])

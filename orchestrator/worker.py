@@ -1,0 +1,190 @@
+"""The training worker: one Ray actor per rank, running the user's loop in a thread.
+
+The actor is threaded (``max_concurrency`` > 1): ``run`` occupies one thread with the train
+loop while ``abort`` and ``status`` are served by others. A recovery never kills a healthy
+worker: ``abort`` fails its pending collectives and makes ``ctx.steps()`` raise, ``run``
+returns ``interrupted``, and the supervisor calls ``run`` again for the next generation.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import time
+import traceback
+from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+
+from ckpt.pipeline import SnapshotPipeline
+from ckpt.snapshot import Snapshot
+from orchestrator.collective import ElasticGroup, GroupAborted
+from orchestrator.context import TrainContext
+from orchestrator.entrypoint import load_entrypoint
+
+HEARTBEAT_INTERVAL_S = 0.25
+
+# Transport failures of a collective, as gloo and NCCL word them.
+_COMM_MARKERS = ("Connection reset", "Connection closed", "Broken pipe", "gloo", "NCCL",
+                 "Socket Timeout", "Timed out", "ProcessGroup")
+
+
+def is_comm_error(exc: BaseException) -> bool:
+    if isinstance(exc, GroupAborted):
+        return True
+    text = f"{type(exc).__name__}: {exc}"
+    return isinstance(exc, RuntimeError | dist.DistBackendError) and any(
+        m in text for m in _COMM_MARKERS
+    )
+
+
+class TrainWorker:
+    def __init__(self, *, job: str, spec: dict[str, Any], rank: int, world_size: int,
+                 agent: Any, base_dir: str | None):
+        self.job = job
+        self.rank = rank
+        self.world_size = world_size
+        self.agent = agent
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.node_ip = ray.util.get_node_ip_address()
+        self.spec = spec
+        cpus = spec["resources"]["cpu"]
+        torch.set_num_threads(max(1, int(cpus)))
+        self.fn = load_entrypoint(spec["entrypoint"], base_dir)
+        gpus = spec["resources"]["gpu"]
+        self.backend = "gloo"
+        if spec["backend"] == "nccl" or (spec["backend"] == "auto" and gpus > 0):
+            self.backend = "nccl" if torch.cuda.is_available() else "gloo"
+        self.device = torch.device("cuda", 0) if self.backend == "nccl" else torch.device("cpu")
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.group = ElasticGroup()
+        self.pipeline = SnapshotPipeline(self._send, pin_memory=self.device.type == "cuda")
+        self.ctx: TrainContext | None = None
+        self.generation = 0
+        self._timings: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._beat_thread = threading.Thread(target=self._beat_loop, daemon=True,
+                                             name="stalwart-heartbeat")
+        self._beat_thread.start()
+
+    # --- control API -------------------------------------------------------------------------
+
+    def ready(self) -> dict[str, Any]:
+        return {"rank": self.rank, "node_id": self.node_id, "node_ip": self.node_ip,
+                "pid": os.getpid(), "backend": self.backend, "device": str(self.device)}
+
+    def run(self, generation: int, rendezvous: dict[str, Any], restore_step: int | None,
+            restore_from: Any, faults: list[dict[str, Any]], local_rank: int) -> dict[str, Any]:
+        """Run one generation: rendezvous, restore, train until done or aborted."""
+        self.generation = generation
+        timings: dict[str, float] = {"started": time.time()}
+        self._timings = timings
+        if self.ctx is None:
+            self.ctx = TrainContext(
+                rank=self.rank, world_size=self.world_size, local_rank=local_rank,
+                node_id=self.node_id, device=self.device, total_steps=self.spec["steps"],
+                every_steps=self.spec["checkpoint"]["every_steps"], seed=self.spec["seed"],
+                config=self.spec["config"], group=self.group, pipeline=self.pipeline,
+                fetch=lambda step: self._fetch(restore_from, step), on_fault=self._on_fault,
+            )
+        ctx = self.ctx
+        ctx._fetch = lambda step: self._fetch(restore_from, step)
+        ctx.local_rank = local_rank
+        ctx.begin_generation(generation, restore_step, faults)
+        try:
+            if self.world_size > 1:
+                store = dist.TCPStore(
+                    rendezvous["host"], rendezvous["port"], None, False,
+                    timeout=datetime.timedelta(seconds=rendezvous["timeout_s"]),
+                )
+                prefix = dist.PrefixStore(f"stalwart/{self.job}/gen{generation}", store)
+                self.group.configure(
+                    prefix, self.rank, self.world_size, generation, self.backend, self.device,
+                    hostname=self.node_ip,
+                    timeout=datetime.timedelta(seconds=rendezvous["collective_timeout_s"]),
+                )
+                self._store = store  # NCCL reads it lazily; keep it for the generation
+            timings["rendezvous_done"] = time.time()
+            self.fn(ctx)
+            if ctx.progress.step < self.spec["steps"]:
+                raise RuntimeError(
+                    f"train loop returned after {ctx.progress.step} of {self.spec['steps']} "
+                    "steps; iterate ctx.steps() to the end"
+                )
+            if not self.pipeline.drain(timeout=60):
+                raise RuntimeError("final snapshot was not handed over within 60 s")
+            return self._outcome("finished", timings, digest=ctx.model_digest())
+        except Exception as e:
+            interrupted = self.group.aborted is not None and self.group.generation == generation
+            if ctx._interrupt is not None or (interrupted and is_comm_error(e)):
+                return self._outcome("interrupted", timings)
+            kind = "comm_error" if is_comm_error(e) else "user_error"
+            return self._outcome(
+                kind, timings, error_type=type(e).__name__, message=str(e)[:2000],
+                traceback=traceback.format_exc(),
+            )
+
+    def abort(self, generation: int, reason: str) -> bool:
+        """Release this rank from generation `generation` (no-op for an older one)."""
+        if generation != self.generation:
+            return False
+        if self.ctx is not None:
+            self.ctx.interrupt(reason)
+        self.group.abort(reason)
+        return True
+
+    def status(self) -> dict[str, Any]:
+        return self._beat()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _outcome(self, outcome: str, timings: dict[str, float], **extra: Any) -> dict[str, Any]:
+        p = self.ctx.progress
+        timings.update({k: v for k, v in (("restored", p.restored_at),
+                                           ("first_step_done", p.first_step_done_at)) if v})
+        return {"rank": self.rank, "generation": self.generation, "outcome": outcome,
+                "step": p.step, "metrics": dict(p.metrics), "samples": p.samples,
+                "tokens": p.tokens, "timings": timings, "node_id": self.node_id,
+                "pipeline": vars(self.pipeline.stats).copy(), **extra}
+
+    def _send(self, snap: Snapshot) -> None:
+        payload = snap.payload.numpy() if isinstance(snap.payload, torch.Tensor) else snap.payload
+        ray.get(self.agent.put_shard.remote(
+            self.rank, Snapshot(snap.step, snap.skeleton, snap.metas, payload)))
+
+    def _fetch(self, source: Any, step: int) -> Snapshot | None:
+        return ray.get((source or self.agent).get_shard.remote(self.rank, step))
+
+    def _on_fault(self, fault: dict[str, Any]) -> None:
+        # Synchronous, so the record exists before the process disappears.
+        ray.get(self.agent.record_fault.remote({**fault, "node_id": self.node_id}))
+
+    def _beat(self) -> dict[str, Any]:
+        p = self.ctx.progress if self.ctx else None
+        return {
+            "rank": self.rank, "generation": self.generation, "pid": os.getpid(),
+            "step": p.step if p else 0,
+            "metrics": dict(p.metrics) if p else {},
+            "samples": p.samples if p else 0.0,
+            "compute_seconds": p.compute_seconds if p else 0.0,
+            "sent_at": time.time(),
+            "timings": {**self._timings,
+                        **({"restored": p.restored_at} if p and p.restored_at else {}),
+                        **({"first_step_done": p.first_step_done_at}
+                           if p and p.first_step_done_at else {})},
+            "snapshot": vars(self.pipeline.stats).copy(),
+        }
+
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(HEARTBEAT_INTERVAL_S):
+            try:
+                self.agent.heartbeat.remote(self.rank, self._beat())
+            except Exception:  # the agent is gone; the supervisor sees the silence
+                pass
