@@ -23,7 +23,7 @@ def _load(file: str, overrides: tuple[str, ...], console: Console):
     except SpecError as e:
         console.print(f"[red]error:[/red] invalid job spec {e.source}", highlight=False)
         for line in e.errors:
-            console.print(f"  {line}", highlight=False, markup=False)
+            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)
 
 
@@ -85,7 +85,7 @@ def run(file: str, overrides: tuple[str, ...], address: str | None, output: str 
         load_entrypoint(spec.entrypoint, base_dir)
     except EntrypointError as e:
         err.print(f"[red]error:[/red] {file}: entrypoint", highlight=False)
-        err.print(f"  {e}", markup=False, highlight=False)
+        err.print(f"  {e}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)
     out = Path(output) if output else Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     opts = RunOptions(address=address, output=out, base_dir=base_dir, num_cpus=num_cpus)
@@ -99,7 +99,7 @@ def run(file: str, overrides: tuple[str, ...], address: str | None, output: str 
             with ProgressView(console, spec.name) as view:
                 result = run_job(spec, opts, on_progress=view.update)
     except ClusterUnreachable as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False)
+        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)
     if fmt == "json":
         click.echo(json.dumps(result, indent=2))

@@ -70,7 +70,6 @@ def connect(address: str | None, spec: JobSpec, num_cpus: int | None, timeout: f
         namespace="stalwart",
         include_dashboard=False,
         log_to_driver=False,
-        _node_ip_address="127.0.0.1",
         configure_logging=True,
         logging_level="ERROR",
     )

@@ -30,13 +30,20 @@ def load_entrypoint(entrypoint: str, base_dir: str | None = None) -> Callable[[A
             sys.modules[name] = module
             spec.loader.exec_module(module)
         else:
+            # Modules next to the job spec are importable, as they are for `python -m`.
+            if base_dir is not None and base_dir not in sys.path:
+                sys.path.insert(0, base_dir)
             module = importlib.import_module(target)
     except EntrypointError:
         raise
     except Exception as e:
-        tb = traceback.format_exc(limit=-3)
+        missing = isinstance(e, ModuleNotFoundError) and e.name and (
+            target == e.name or target.startswith(e.name + ".")
+        )
+        # The module itself is absent: the traceback is importlib's, not the user's.
+        tb = "" if missing else "\n" + traceback.format_exc(limit=-5).rstrip()
         raise EntrypointError(
-            f"entrypoint {entrypoint!r}: cannot import {target}: {type(e).__name__}: {e}\n{tb}"
+            f"entrypoint {entrypoint!r}: cannot import {target}: {type(e).__name__}: {e}{tb}"
         ) from None
     fn = getattr(module, func, None)
     if fn is None:

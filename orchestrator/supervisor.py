@@ -229,6 +229,10 @@ class JobSupervisor:
             # A fresh store (and port) per generation: nothing of a broken generation can
             # leak into the next one's rendezvous.
             host = ray.util.get_node_ip_address()
+            if {i["node_ip"] for i in self.worker_info.values()} == {host}:
+                # Everyone is on this machine: keep the rendezvous and gloo on loopback.
+                host = "127.0.0.1"
+                rendezvous["gloo_host"] = host
             self._store = dist.TCPStore(
                 host, 0, None, True, wait_for_workers=False,
                 timeout=datetime.timedelta(seconds=self.spec.failure.rendezvous_timeout_s),

@@ -95,6 +95,7 @@ class TrainWorker:
         ctx._fetch = lambda step: self._fetch(restore_from, step)
         ctx.local_rank = local_rank
         ctx.begin_generation(generation, restore_step, faults)
+        in_user_code = False
         try:
             if self.world_size > 1:
                 store = dist.TCPStore(
@@ -104,11 +105,12 @@ class TrainWorker:
                 prefix = dist.PrefixStore(f"stalwart/{self.job}/gen{generation}", store)
                 self.group.configure(
                     prefix, self.rank, self.world_size, generation, self.backend, self.device,
-                    hostname=self.node_ip,
+                    hostname=rendezvous.get("gloo_host") or self.node_ip,
                     timeout=datetime.timedelta(seconds=rendezvous["collective_timeout_s"]),
                 )
                 self._store = store  # NCCL reads it lazily; keep it for the generation
             timings["rendezvous_done"] = time.time()
+            in_user_code = True
             self.fn(ctx)
             if ctx.progress.step < self.spec["steps"]:
                 raise RuntimeError(
@@ -122,7 +124,8 @@ class TrainWorker:
             interrupted = self.group.aborted is not None and self.group.generation == generation
             if ctx._interrupt is not None or (interrupted and is_comm_error(e)):
                 return self._outcome("interrupted", timings)
-            kind = "comm_error" if is_comm_error(e) else "user_error"
+            # Failing to form the group is the infrastructure's fault, not the user's.
+            kind = "comm_error" if is_comm_error(e) or not in_user_code else "user_error"
             return self._outcome(
                 kind, timings, error_type=type(e).__name__, message=str(e)[:2000],
                 traceback=traceback.format_exc(),

@@ -1,0 +1,101 @@
+"""Component tests run real jobs on a real local Ray (one cluster per session) with real gloo."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.driver import RunOptions, run_job
+from orchestrator.spec import validate
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A smaller model than the quickstart's, so each job takes seconds on two cores.
+SMALL = {
+    "name": "ct",
+    "entrypoint": "examples.gpt.train:train_loop",
+    "workers": 4,
+    "resources": {"cpu": 1},
+    "steps": 40,
+    "seed": 7,
+    "checkpoint": {"every_steps": 1},
+    "failure": {"max_restarts": 3},
+    "config": {
+        "batch_size": 8,
+        "lr": 0.003,
+        "model": {"vocab": 32, "seq_len": 16, "d_model": 32, "n_layers": 1, "n_heads": 2,
+                  "dropout": 0.1},
+    },
+    "chaos": {"faults": []},
+}
+
+
+def small_spec(**changes: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(SMALL)
+    for dotted, value in changes.items():
+        node = spec
+        *parents, leaf = dotted.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return spec
+
+
+@pytest.fixture(scope="session")
+def ray_address():
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        connect=False,
+        head_node_args={"num_cpus": 8, "include_dashboard": False},
+    )
+    try:
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def _baselines() -> dict[str, dict[str, Any]]:
+    return {}
+
+
+@pytest.fixture
+def run(ray_address, tmp_path):
+    """Run a job spec dict on the session's cluster; returns result.json's content."""
+    counter = iter(range(1000))
+
+    def _run(spec: dict[str, Any]) -> dict[str, Any]:
+        out = tmp_path / f"run{next(counter)}"
+        result = run_job(validate(spec), RunOptions(address=ray_address, output=out,
+                                                    base_dir=str(REPO)))
+        on_disk = json.loads((out / "result.json").read_text())
+        assert on_disk["status"] == result["status"]
+        result["events"] = [json.loads(line) for line in
+                            (out / "events.jsonl").read_text().splitlines()]
+        return result
+
+    return _run
+
+
+@pytest.fixture
+def baseline(run, _baselines):
+    """The failure-free run of the same spec (cached per spec for the session)."""
+
+    def _baseline(spec: dict[str, Any]) -> dict[str, Any]:
+        clean = copy.deepcopy(spec)
+        clean["chaos"] = {"faults": []}
+        key = json.dumps(clean, sort_keys=True)
+        if key not in _baselines:
+            result = run(clean)
+            assert result["status"] == "succeeded", result["error"]
+            assert result["failures"] == []
+            _baselines[key] = result
+        return _baselines[key]
+
+    return _baseline

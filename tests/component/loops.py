@@ -1,0 +1,27 @@
+"""Train loops used by the tests to misbehave on purpose."""
+
+from __future__ import annotations
+
+from examples.gpt.train import train_loop as gpt_loop
+
+
+class DataCorrupted(ValueError):
+    pass
+
+
+def raising_loop(ctx) -> None:
+    """The GPT loop, except that rank `raise_rank` raises at step `raise_at`."""
+    raise_at = ctx.config["raise_at"]
+    raise_rank = ctx.config["raise_rank"]
+    original = ctx.report
+
+    def report(**metrics):
+        original(**metrics)
+        if ctx.rank == raise_rank and ctx.progress.step + 1 == raise_at:
+            raise DataCorrupted(f"bad record in shard {ctx.rank} at step {raise_at}")
+
+    ctx.report = report
+    gpt_loop(ctx)
+
+
+not_callable = 42

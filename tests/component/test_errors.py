@@ -1,0 +1,149 @@
+"""Bad input and user errors end with a clear message and a non-zero exit, losing nothing."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.component.conftest import REPO, SMALL, small_spec
+
+pytestmark = [pytest.mark.component, pytest.mark.timeout(300)]
+
+
+def stalwart(*args: str, cwd: Path = REPO, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def write_spec(path: Path, spec: dict) -> Path:
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_user_error_fails_fast_with_rank_and_traceback(run):
+    spec = small_spec(entrypoint="tests/component/loops.py:raising_loop",
+                      config__raise_at=6, config__raise_rank=2)
+    result = run(spec)
+    assert result["status"] == "failed"
+    err = result["error"]
+    assert err["rank"] == 2
+    assert err["kind"] == "user_error"
+    assert err["error_type"] == "DataCorrupted"
+    assert "bad record in shard 2 at step 6" in err["message"]
+    assert "failure.user_error_retries=0" in err["message"]
+    assert "raising_loop" in err["traceback"] or "report" in err["traceback"]
+    assert "DataCorrupted" in err["traceback"]
+    assert result["restarts"] == 0  # not retried
+
+
+def test_user_error_retried_within_budget_then_fails(run):
+    spec = small_spec(entrypoint="tests/component/loops.py:raising_loop",
+                      config__raise_at=6, config__raise_rank=0, failure__user_error_retries=1)
+    result = run(spec)
+    assert result["status"] == "failed"
+    assert result["restarts"] == 1  # one deterministic replay, then it gives up
+    assert [f["kind"] for f in result["failures"]] == ["user_error", "user_error"]
+
+
+def test_more_gpus_than_the_cluster_has(run):
+    result = run(small_spec(resources={"cpu": 1, "gpu": 2}))
+    assert result["status"] == "failed"
+    assert result["error"]["message"] == (
+        "resources.gpu: the job needs 8 GPU (4 workers x 2), the cluster has 0"
+    )
+
+
+def test_validate_reports_every_error_with_its_path(tmp_path):
+    bad = dict(SMALL, workers=0, bogus=1)
+    bad["checkpoint"] = {"every_steps": 0}
+    bad["failure"] = {"max_restarts": "many"}
+    proc = stalwart("validate", str(write_spec(tmp_path / "bad.yaml", bad)))
+    assert proc.returncode == 2
+    err = proc.stderr
+    assert "workers: must be >= 1, got 0" in err
+    assert "checkpoint.every_steps: must be >= 1, got 0" in err
+    assert "failure.max_restarts: " in err
+    assert "bogus: unknown field" in err
+
+
+def test_validate_ok_and_set_overrides(tmp_path):
+    path = write_spec(tmp_path / "ok.yaml", SMALL)
+    proc = stalwart("validate", str(path), "--set", "steps=77", "--set",
+                    "chaos.faults=[{kind: kill_worker, rank: 2, at_step: 30}]", "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    spec = json.loads(proc.stdout)
+    assert spec["steps"] == 77
+    assert spec["chaos"]["faults"] == [{"kind": "kill_worker", "rank": 2, "at_step": 30}]
+    proc = stalwart("validate", str(path), "--set", "checkpoint.every_steps=0")
+    assert proc.returncode == 2
+    assert "checkpoint.every_steps: must be >= 1, got 0" in proc.stderr
+
+
+def test_run_validates_before_touching_ray(tmp_path):
+    path = write_spec(tmp_path / "bad.yaml", dict(SMALL, steps=-1))
+    t0 = time.monotonic()
+    proc = stalwart("run", str(path))
+    assert proc.returncode == 2
+    assert "steps: must be >= 1, got -1" in proc.stderr
+    assert time.monotonic() - t0 < 30  # no Ray was started
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "expected"),
+    [
+        ("no_such_pkg.train:loop", "cannot import no_such_pkg.train: ModuleNotFoundError"),
+        ("loops.py:missing", "has no attribute 'missing'"),
+        ("loops.py:not_callable", "not_callable is a int, not callable"),
+        ("nope.py:loop", "does not exist"),
+    ],
+)
+def test_bad_entrypoint(tmp_path, entrypoint, expected):
+    spec = dict(SMALL, entrypoint=entrypoint)
+    # Relative file entrypoints resolve against the spec's directory, here this one's.
+    path = write_spec(REPO / "tests" / "component" / f".tmp-{tmp_path.name}.yaml", spec)
+    try:
+        proc = stalwart("run", str(path))
+    finally:
+        path.unlink()
+    assert proc.returncode == 2
+    assert expected in proc.stderr
+
+
+def test_unreachable_address(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    path = write_spec(tmp_path / "ok.yaml", SMALL)
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        proc = stalwart("run", str(path), "--address", address, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert f"cannot reach the Ray cluster at {address}" in proc.stderr
+
+
+def test_schema_command():
+    proc = stalwart("schema")
+    assert proc.returncode == 0
+    schema = json.loads(proc.stdout)
+    assert {"name", "entrypoint", "workers", "chaos", "checkpoint"} <= set(schema["properties"])
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    path = tmp_path / "evil.yaml"
+    path.write_text(textwrap.dedent("""
+        name: !!python/object/apply:os.system ["echo pwned"]
+        entrypoint: a.b:c
+        workers: 1
+        steps: 1
+    """))
+    proc = stalwart("validate", str(path))
+    assert proc.returncode == 2
+    assert "not valid YAML" in proc.stderr
+    assert "pwned" not in proc.stdout

@@ -1,0 +1,86 @@
+"""In-process recovery on a real local Ray: the oracle is the failure-free run's model digest."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.component.conftest import small_spec
+
+pytestmark = [pytest.mark.component, pytest.mark.timeout(300)]
+
+
+def kill(rank: int, at_step: int) -> dict:
+    return {"kind": "kill_worker", "rank": rank, "at_step": at_step}
+
+
+def test_killed_worker_recovers_bit_exact(run, baseline):
+    spec = small_spec(chaos__faults=[kill(1, 15)])
+    result = run(spec)
+    clean = baseline(spec)
+
+    assert result["status"] == "succeeded", result["error"]
+    assert result["steps_completed"] == spec["steps"]
+    assert result["model_digest"] == clean["model_digest"]
+    assert result["final_loss"] == clean["final_loss"]
+    [failure] = result["failures"]
+    assert failure["kind"] == "worker_died"
+    assert failure["rank"] == 1
+    assert failure["step"] == 15
+    assert failure["injected"] is True
+    assert failure["steps_redone"] <= spec["checkpoint"]["every_steps"]
+    assert 0 <= failure["detected_after_s"] < failure["recovered_after_s"]
+    assert set(failure["phases_s"]) >= {"detect", "decide", "abort", "replace", "rendezvous",
+                                        "restore", "first_step"}
+    assert result["restarts"] == 1
+    assert result["generations"] == 2
+    types = [e["type"] for e in result["events"]]
+    assert types.count("recovered") == 1
+    states = [(e["old"], e["new"]) for e in result["events"] if e["type"] == "state"]
+    assert ("RUNNING", "RECOVERING") in states
+    assert ("RECOVERING", "RUNNING") in states
+    assert states[-1] == ("RUNNING", "SUCCEEDED")
+
+
+def test_two_kills_of_different_ranks_recover_bit_exact(run, baseline):
+    spec = small_spec(chaos__faults=[kill(2, 8), kill(0, 27)])
+    result = run(spec)
+    assert result["status"] == "succeeded", result["error"]
+    assert result["model_digest"] == baseline(spec)["model_digest"]
+    assert [(f["rank"], f["step"]) for f in result["failures"]] == [(2, 8), (0, 27)]
+    assert all(f["steps_redone"] <= 1 for f in result["failures"])
+    assert result["generations"] == 3
+
+
+def test_sparse_checkpoints_redo_at_most_every_steps(run, baseline):
+    spec = small_spec(checkpoint__every_steps=5, chaos__faults=[kill(3, 23)])
+    result = run(spec)
+    assert result["status"] == "succeeded", result["error"]
+    assert result["model_digest"] == baseline(spec)["model_digest"]
+    [failure] = result["failures"]
+    # Killed before step 23 ran: steps 0..22 done, last snapshot at 20.
+    assert failure["restored_step"] == 20
+    assert failure["steps_redone"] == 3
+    assert result["lost_steps_total"] == 3
+
+
+def test_max_restarts_zero_fails_on_first_kill(run):
+    spec = small_spec(failure__max_restarts=0, chaos__faults=[kill(1, 10)])
+    result = run(spec)
+    assert result["status"] == "failed"
+    assert "failure.max_restarts=0" in result["error"]["message"]
+    assert "rank 1 died" in result["error"]["message"]
+    assert result["restarts"] == 0
+    assert result["steps_completed"] < spec["steps"]
+    [failure] = result["failures"]
+    assert failure["rank"] == 1 and failure["restored_step"] is None
+
+
+def test_restart_budget_runs_out(run):
+    spec = small_spec(failure__max_restarts=1, chaos__faults=[kill(1, 5), kill(2, 12)])
+    result = run(spec)
+    assert result["status"] == "failed"
+    assert result["restarts"] == 1
+    assert "restart budget exhausted (failure.max_restarts=1, used 1)" in (
+        result["error"]["message"]
+    )
+
