@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +39,13 @@ def _split(obj: Any, tensors: list[torch.Tensor]) -> Any:
         tensors.append(obj)
         return TensorRef(len(tensors) - 1)
     if isinstance(obj, dict):
-        return type(obj)((k, _split(v, tensors)) for k, v in obj.items())
+        # OrderedDict stays one (state_dicts are); other dict subclasses become plain dicts.
+        kind = OrderedDict if isinstance(obj, OrderedDict) else dict
+        return kind((k, _split(v, tensors)) for k, v in obj.items())
     if isinstance(obj, list):
         return [_split(v, tensors) for v in obj]
     if isinstance(obj, tuple):
+        # Named tuples become plain tuples: the skeleton holds built-in types only.
         return tuple(_split(v, tensors) for v in obj)
     return obj
 
@@ -87,9 +91,12 @@ class Snapshot:
         return int(len(self.payload))
 
     def digest(self) -> str:
+        """sha256 over the skeleton and each tensor's bytes (not the alignment padding)."""
         h = hashlib.sha256()
         h.update(self.skeleton)
-        h.update(memoryview(_as_numpy(self.payload)))
+        raw = _as_numpy(self.payload)
+        for m in self.metas:
+            h.update(memoryview(raw[m.offset : m.offset + m.nbytes]))
         return h.hexdigest()
 
 
@@ -151,7 +158,10 @@ def restore(snapshot: Snapshot, device: torch.device | str = "cpu") -> Any:
     tensors = []
     for m in snapshot.metas:
         dtype = getattr(torch, m.dtype)
-        t = raw[m.offset : m.offset + m.nbytes].view(dtype).view(m.shape).clone()
+        if m.nbytes == 0:
+            t = torch.empty(m.shape, dtype=dtype)
+        else:
+            t = raw[m.offset : m.offset + m.nbytes].view(dtype).view(m.shape).clone()
         target = m.device if m.device.startswith("cpu") else device
         tensors.append(t.to(target))
     return _join(skeleton, tensors)
@@ -165,5 +175,5 @@ def state_digest(state_dict: dict[str, torch.Tensor]) -> str:
         h.update(name.encode())
         h.update(str(t.dtype).encode())
         h.update(str(tuple(t.shape)).encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()

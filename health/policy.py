@@ -66,8 +66,9 @@ def decide(
             )
         if budget.restarts_left == 0:
             return Decision(Action.FAIL), f"{what}; {_exhausted(budget)}"
+        action = Action.REPLACE if dead else Action.RESTART_GROUP
         return (
-            Decision(Action.REPLACE, ranks=tuple(dead)),
+            Decision(action, ranks=tuple(dead)),
             f"{what}; retry {budget.user_errors_seen + 1} of {budget.user_error_retries}",
         )
 

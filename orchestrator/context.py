@@ -46,6 +46,8 @@ class Progress:
     compute_seconds: float = 0.0  # last step's wall time inside the loop body
     step_started_at: float | None = None
     first_step_done_at: float | None = None
+    setup_done_at: float | None = None  # the loop reached ctx.steps()
+    fetched_at: float | None = None  # the snapshot arrived from the store
     restored_at: float | None = None
     restored_step: int | None = None
 
@@ -222,7 +224,9 @@ class TrainContext:
             self.progress.restored_at = time.time()
             self.progress.restored_step = None
             return 0
+        self.progress.setup_done_at = time.time()
         snap = self._fetch(self._restore_step)
+        self.progress.fetched_at = time.time()
         if snap is None:
             raise RuntimeError(
                 f"rank {self.rank}: no snapshot for committed step {self._restore_step} in the "

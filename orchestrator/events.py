@@ -15,6 +15,8 @@ class EventLog:
         self._clock = clock
 
     def emit(self, type_: str, **fields: Any) -> dict[str, Any]:
+        if {"ts", "type", "seq"} & fields.keys():
+            raise ValueError(f"event fields may not be named ts, type or seq: {sorted(fields)}")
         event = {"ts": round(self._clock(), 6), "type": type_, **fields}
         with self._lock:
             event["seq"] = len(self._events)

@@ -13,10 +13,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+)
 
 ENTRYPOINT_RE = re.compile(
-    r"^(?P<target>[A-Za-z_][\w.]*|[^:]+\.py):(?P<func>[A-Za-z_]\w*)$",
+    r"^(?P<target>[A-Za-z_]\w*(\.[A-Za-z_]\w*)*|[^:]+\.py):(?P<func>[A-Za-z_]\w*)$",
 )
 
 
@@ -98,11 +105,11 @@ class JobSpec(_Model):
         description="'package.module:function' or 'path/to/file.py:function'; "
         "the function takes the train context"
     )
-    workers: int = Field(ge=1, description="number of training ranks")
+    workers: StrictInt = Field(ge=1, description="number of training ranks")
     resources: Resources = Field(default_factory=Resources)
     placement: Literal["PACK", "SPREAD"] = "PACK"
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    steps: int = Field(ge=1, description="total training steps")
+    steps: StrictInt = Field(ge=1, description="total training steps")
     seed: int = 0
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     failure: FailureSpec = Field(default_factory=FailureSpec)
@@ -216,8 +223,10 @@ def load_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise SpecError(str(path), [f"not valid YAML: {e}"]) from None
-    data = apply_overrides(data if isinstance(data, dict) else data, list(overrides))
-    return validate(data, str(path))
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else type(data).__name__
+        raise SpecError(str(path), [f"expected a mapping at the top level, got {got}"])
+    return validate(apply_overrides(data, list(overrides)), str(path))
 
 
 def json_schema() -> dict[str, Any]:

@@ -478,11 +478,13 @@ class JobSupervisor:
             return
         started = min(t["started"] for t in timings)
         rdzv = max(t.get("rendezvous_done", started) for t in timings)
-        restored = max(t.get("restored", rdzv) for t in timings)
+        entered = max(t.get("setup_done", rdzv) for t in timings)
+        restored = max(t.get("restored", entered) for t in timings)
         first = max(t["first_step_done"] for t in timings)
         phases = dict(rec["phases"])
-        phases.update(rendezvous=rdzv - started, restore=restored - rdzv,
-                      first_step=first - restored)
+        # reenter: the train loop's own set-up until ctx.steps(); restore: fetch + load.
+        phases.update(rendezvous=rdzv - started, reenter=entered - rdzv,
+                      restore=restored - entered, first_step=first - restored)
         for f in rec["failures"]:
             origin = f["detected_at"] - (f["detected_after_s"] or 0.0)
             f["recovered_after_s"] = round(first - origin, 4)

@@ -179,7 +179,8 @@ class TrainWorker:
             "compute_seconds": p.compute_seconds if p else 0.0,
             "sent_at": time.time(),
             "timings": {**self._timings,
-                        **({"restored": p.restored_at} if p and p.restored_at else {}),
+                        **({"setup_done": p.setup_done_at, "fetched": p.fetched_at,
+                            "restored": p.restored_at} if p and p.restored_at else {}),
                         **({"first_step_done": p.first_step_done_at}
                            if p and p.first_step_done_at else {})},
             "snapshot": vars(self.pipeline.stats).copy(),
