@@ -63,7 +63,7 @@ def connect(address: str | None, spec: JobSpec, num_cpus: int | None, timeout: f
         return address
     # Embedded: size Ray's logical CPUs to fit the job (the workers' threads are capped to
     # their own share, so this does not oversubscribe the machine's cores).
-    need = spec.workers * spec.resources.cpu
+    need = (spec.workers + spec.failure.spares) * spec.resources.cpu
     cpus = num_cpus or max(os.cpu_count() or 1, int(need + 0.999))
     ray.init(
         num_cpus=cpus,

@@ -64,6 +64,12 @@ class FailureSpec(_Model):
         description="times an exception raised by the train loop is retried from the last "
         "checkpoint before the job fails (replays are deterministic, so 0 fails fast)",
     )
+    spares: int = Field(
+        0,
+        ge=0,
+        description="idle workers kept started (torch imported, entrypoint loaded) that take "
+        "a lost rank's place without starting a process",
+    )
     abort_timeout_s: float = Field(
         10.0, gt=0, description="how long survivors get to leave their train loop on recovery"
     )

@@ -52,7 +52,10 @@ class JobSupervisor:
         n = self.spec.workers
         self.workers: dict[int, Any] = {}
         self.worker_info: dict[int, dict[str, Any]] = {}
-        self.bundle_node: dict[int, str] = {}
+        self.bundle_node: dict[int, str] = {}  # placement-group bundle -> node
+        self.bundle_of: dict[int, int] = {}  # rank -> bundle
+        self.spares: list[tuple[Any, int]] = []  # started and ready: (actor, bundle)
+        self.spares_starting: dict[Any, tuple[Any, int]] = {}  # ready() ref -> (actor, bundle)
         self.agents: dict[str, Any] = {}
         self.pg = None
         self.generation = 0
@@ -126,6 +129,7 @@ class JobSupervisor:
                 "failures": len(self.failures),
                 "restarts": self.restarts,
                 "workers": len(self.workers),
+                "spares": len(self.spares),
                 "now": time.time(),
             }
 
@@ -143,13 +147,15 @@ class JobSupervisor:
         spec = self.spec
         check_capacity(spec, ray.nodes())
         bundle = worker_bundle(spec)
-        self.pg = placement_group([dict(bundle) for _ in range(spec.workers)],
+        n_bundles = spec.workers + spec.failure.spares
+        self.pg = placement_group([dict(bundle) for _ in range(n_bundles)],
                                   strategy=spec.placement, name=f"stalwart-{spec.name}")
         try:
             ray.get(self.pg.ready(), timeout=spec.failure.scheduling_timeout_s)
         except GetTimeoutError:
             raise SchedulingError(
-                f"Ray could not place {spec.workers} workers of {bundle} ({spec.placement}) "
+                f"Ray could not place {spec.workers} workers and {spec.failure.spares} spares "
+                f"of {bundle} ({spec.placement}) "
                 f"within failure.scheduling_timeout_s={spec.failure.scheduling_timeout_s}"
             ) from None
         table = ray.util.placement_group_table(self.pg)
@@ -157,7 +163,10 @@ class JobSupervisor:
         for node in sorted(set(self.bundle_node.values())):
             self._ensure_agent(node)
         for rank in range(spec.workers):
-            self.workers[rank] = self._create_worker(rank)
+            self.bundle_of[rank] = rank
+            self.workers[rank] = self._create_worker(rank, rank)
+        for bundle_index in range(spec.workers, n_bundles):
+            self._start_spare(bundle_index)
         self._await_ready(list(range(spec.workers)))
         self.events.emit("scheduled", nodes=sorted(set(self.bundle_node.values())),
                          workers={r: self.worker_info[r] for r in self.workers})
@@ -175,9 +184,31 @@ class JobSupervisor:
             )
         return self.agents[node]
 
-    def _create_worker(self, rank: int) -> Any:
+    def _start_spare(self, bundle_index: int) -> None:
+        """Start an idle worker in `bundle_index`; it becomes usable once ready() returns."""
+        actor = self._create_worker(None, bundle_index)
+        self.spares_starting[actor.ready.remote()] = (actor, bundle_index)
+
+    def _check_spares(self) -> None:
+        if not self.spares_starting:
+            return
+        ready, _ = ray.wait(list(self.spares_starting), num_returns=len(self.spares_starting),
+                            timeout=0)
+        for ref in ready:
+            actor, bundle_index = self.spares_starting.pop(ref)
+            try:
+                info = ray.get(ref)
+            except RayActorError as e:
+                self.events.emit("spare_failed", bundle=bundle_index,
+                                 message=_actor_error_text(e))
+                continue
+            self.spares.append((actor, bundle_index))
+            self.events.emit("spare_ready", bundle=bundle_index, node=info["node_id"],
+                             spares=len(self.spares))
+
+    def _create_worker(self, rank: int | None, bundle_index: int) -> Any:
         spec = self.spec
-        node = self.bundle_node[rank]
+        node = self.bundle_node[bundle_index]
         options: dict[str, Any] = {
             "num_cpus": spec.resources.cpu,
             "num_gpus": spec.resources.gpu,
@@ -186,7 +217,7 @@ class JobSupervisor:
             "max_restarts": 0,
             "max_task_retries": 0,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                self.pg, placement_group_bundle_index=rank
+                self.pg, placement_group_bundle_index=bundle_index
             ),
         }
         if spec.runtime_env:
@@ -266,6 +297,7 @@ class JobSupervisor:
     # --- the control loop ---------------------------------------------------------------------
 
     def _tick(self) -> None:
+        self._check_spares()
         ready, _ = ray.wait(list(self.futures), num_returns=1, timeout=0.05)
         if ready:
             ready, _ = ray.wait(list(self.futures), num_returns=len(self.futures), timeout=0)
@@ -399,13 +431,34 @@ class JobSupervisor:
         t_aborted = time.time()
         del live
 
-        # 2. Replace lost ranks in their placement-group bundle.
+        # 2. Replace lost ranks: a warm spare if one is ready, else a new worker in the lost
+        # rank's bundle. A used spare's place is refilled in the background.
+        self._check_spares()
+        used_spares = {}
         for rank in sorted(replace):
             ray.kill(self.workers[rank], no_restart=True)
             self.beats.pop(rank, None)
             for agent in self.agents.values():
                 agent.forget.remote(rank)
-            self.workers[rank] = self._create_worker(rank)
+            freed = self.bundle_of[rank]
+            while self.spares:
+                actor, bundle_index = self.spares.pop(0)
+                try:
+                    ray.get(actor.assume.remote(rank), timeout=10)
+                except (RayActorError, GetTimeoutError) as e:
+                    self.events.emit("spare_failed", bundle=bundle_index,
+                                     message=_actor_error_text(e))
+                    ray.kill(actor, no_restart=True)
+                    self._start_spare(bundle_index)
+                    continue
+                self.workers[rank], self.bundle_of[rank] = actor, bundle_index
+                used_spares[rank] = bundle_index
+                self._start_spare(freed)
+                break
+            else:
+                self.workers[rank] = self._create_worker(rank, freed)
+        if used_spares:
+            self.events.emit("spares_used", ranks=used_spares, spares_left=len(self.spares))
         if replace:
             try:
                 self._await_ready(sorted(replace))
@@ -430,6 +483,7 @@ class JobSupervisor:
             "decided_at": t_decided,
             "restore_step": restore,
             "replaced": sorted(replace),
+            "from_spares": sorted(used_spares),
         }
         self._start_generation(restore_step=restore)
         self._set(JobState.RUNNING,
@@ -493,6 +547,7 @@ class JobSupervisor:
             f["phases_s"]["decide"] = f["decided_after_s"]
         self.events.emit("recovered", generation=self.generation,
                          restore_step=rec["restore_step"], replaced=rec["replaced"],
+                         from_spares=rec["from_spares"],
                          phases_s={k: round(v, 4) for k, v in phases.items()},
                          recovered_after_s=[f["recovered_after_s"] for f in rec["failures"]])
         self.open_recovery = None
@@ -512,7 +567,8 @@ class JobSupervisor:
                                       f"{self.spec.steps} steps")
 
     def _teardown(self) -> None:
-        for worker in self.workers.values():
+        spares = [a for a, _ in self.spares] + [a for a, _ in self.spares_starting.values()]
+        for worker in [*self.workers.values(), *spares]:
             ray.kill(worker, no_restart=True)
         for agent in self.agents.values():
             ray.kill(agent, no_restart=True)

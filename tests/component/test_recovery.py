@@ -84,3 +84,17 @@ def test_restart_budget_runs_out(run):
         result["error"]["message"]
     )
 
+
+
+def test_warm_spare_takes_the_lost_rank(run, baseline):
+    spec = small_spec(failure__spares=1, chaos__faults=[kill(2, 12)])
+    result = run(spec)
+    assert result["status"] == "succeeded", result["error"]
+    assert result["model_digest"] == baseline(spec)["model_digest"]
+    [recovered] = [e for e in result["events"] if e["type"] == "recovered"]
+    assert recovered["from_spares"] == [2]
+    [used] = [e for e in result["events"] if e["type"] == "spares_used"]
+    assert used["ranks"] == {"2": 4}  # the spare's bundle comes after the 4 workers'
+    # The used spare's place is refilled with a new spare in the lost rank's bundle.
+    ready = [e for e in result["events"] if e["type"] == "spare_ready"]
+    assert [e["bundle"] for e in ready][:1] == [4]

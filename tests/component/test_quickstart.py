@@ -1,0 +1,51 @@
+"""The README's quickstart, exactly as a user runs it (embedded Ray, the CLI, the example)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.component.conftest import REPO
+
+pytestmark = [pytest.mark.component, pytest.mark.timeout(600)]
+
+
+def stalwart(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=540, stdin=subprocess.DEVNULL)
+
+
+def test_quickstart_kill_recovers_to_the_failure_free_model(tmp_path):
+    with_kill = stalwart("run", "examples/quickstart.yaml", "--output", str(tmp_path / "kill"))
+    assert with_kill.returncode == 0, with_kill.stdout + with_kill.stderr
+    out = with_kill.stdout
+    # Live progress and the summary.
+    for text in ("SCHEDULING -> RUNNING", "chaos: kill_worker rank 1 at step 60",
+                 "RUNNING -> RECOVERING", "recovered generation 2", "RUNNING -> SUCCEEDED",
+                 "200/200", "steps/s", "final loss", "steps redone", "worker_died"):
+        assert text in out, f"{text!r} not in output:\n{out}"
+    killed = json.loads((tmp_path / "kill" / "result.json").read_text())
+
+    clean = stalwart("run", "examples/quickstart.yaml", "--set", "chaos.faults=[]",
+                     "--output", str(tmp_path / "clean"), "-o", "json")
+    assert clean.returncode == 0, clean.stderr
+    printed = json.loads(clean.stdout)
+    assert printed == json.loads((tmp_path / "clean" / "result.json").read_text())
+
+    assert killed["status"] == printed["status"] == "succeeded"
+    assert killed["model_digest"] == printed["model_digest"]
+    assert killed["final_loss"] == printed["final_loss"]
+    [failure] = killed["failures"]
+    assert (failure["rank"], failure["step"]) == (1, 60)
+    assert failure["steps_redone"] <= 1
+    assert killed["lost_steps_total"] == failure["steps_redone"]
+    # The loss visibly falls on the synthetic data.
+    assert printed["final_loss"] < 3.0
+    events = [json.loads(x) for x in (tmp_path / "kill" / "events.jsonl").read_text().splitlines()]
+    recovered = [e for e in events if e["type"] == "recovered"]
+    assert len(recovered) == 1 and recovered[0]["restore_step"] >= 59
