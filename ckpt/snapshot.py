@@ -70,8 +70,9 @@ def _layout(tensors: list[torch.Tensor]) -> tuple[tuple[TensorMeta, ...], int]:
     for t in tensors:
         nbytes = t.numel() * t.element_size()
         metas.append(
-            TensorMeta(offset, nbytes, str(t.dtype).removeprefix("torch."), tuple(t.shape),
-                       str(t.device))
+            TensorMeta(
+                offset, nbytes, str(t.dtype).removeprefix("torch."), tuple(t.shape), str(t.device)
+            )
         )
         offset += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
     return tuple(metas), offset
@@ -88,7 +89,7 @@ class Snapshot:
 
     @property
     def nbytes(self) -> int:
-        return int(len(self.payload))
+        return len(self.payload)
 
     def digest(self) -> str:
         """sha256 over the skeleton and each tensor's bytes (not the alignment padding)."""

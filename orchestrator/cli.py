@@ -34,7 +34,10 @@ def main() -> None:
 
 
 _set_option = click.option(
-    "--set", "overrides", multiple=True, metavar="KEY=VALUE",
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
     help="override a spec field; VALUE is parsed as YAML (repeatable)",
 )
 
@@ -42,8 +45,14 @@ _set_option = click.option(
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @_set_option
-@click.option("-o", "--output-format", "fmt", type=click.Choice(["text", "json"]),
-              default="text", help="json: print the validated spec")
+@click.option(
+    "-o",
+    "--output-format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    help="json: print the validated spec",
+)
 def validate(file: str, overrides: tuple[str, ...], fmt: str) -> None:
     """Validate a job spec; exit 2 listing every error with its field path."""
     console = Console(stderr=True)
@@ -63,16 +72,36 @@ def schema() -> None:
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @_set_option
-@click.option("--address", envvar="RAY_ADDRESS", default=None,
-              help="Ray cluster: ray://HOST:10001, HOST:6379 or auto (default: RAY_ADDRESS, "
-                   "else an embedded local Ray)")
-@click.option("--output", type=click.Path(file_okay=False), default=None,
-              help="run directory for result.json and events.jsonl (default runs/NAME-TIME)")
-@click.option("-o", "--output-format", "fmt", type=click.Choice(["text", "json"]),
-              default="text", help="json: print result.json to stdout")
+@click.option(
+    "--address",
+    envvar="RAY_ADDRESS",
+    default=None,
+    help="Ray cluster: ray://HOST:10001, HOST:6379 or auto (default: RAY_ADDRESS, "
+    "else an embedded local Ray)",
+)
+@click.option(
+    "--output",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="run directory for result.json and events.jsonl (default runs/NAME-TIME)",
+)
+@click.option(
+    "-o",
+    "--output-format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    help="json: print result.json to stdout",
+)
 @click.option("--num-cpus", type=int, default=None, help="logical CPUs of the embedded Ray")
-def run(file: str, overrides: tuple[str, ...], address: str | None, output: str | None,
-        fmt: str, num_cpus: int | None) -> None:
+def run(
+    file: str,
+    overrides: tuple[str, ...],
+    address: str | None,
+    output: str | None,
+    fmt: str,
+    num_cpus: int | None,
+) -> None:
     """Train the job in FILE, recovering from failures, and print a summary."""
     from orchestrator.driver import ClusterUnreachable, RunOptions, run_job
     from orchestrator.entrypoint import EntrypointError, load_entrypoint
@@ -94,8 +123,11 @@ def run(file: str, overrides: tuple[str, ...], address: str | None, output: str 
         if fmt == "json":
             result = run_job(spec, opts)
         else:
-            console.print(f"stalwart: running {spec.name} ({spec.workers} workers, "
-                          f"{spec.steps} steps) -> {out}", highlight=False)
+            console.print(
+                f"stalwart: running {spec.name} ({spec.workers} workers, "
+                f"{spec.steps} steps) -> {out}",
+                highlight=False,
+            )
             with ProgressView(console, spec.name) as view:
                 result = run_job(spec, opts, on_progress=view.update)
     except ClusterUnreachable as e:

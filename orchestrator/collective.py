@@ -29,9 +29,15 @@ class GroupAborted(RuntimeError):
     """Raised in the training thread when a recovery aborts the current process group."""
 
 
-def _wrap_backend(store, rank: int, size: int, backend_name: str, timeout: datetime.timedelta,
-                  device: torch.device, hostname: str | None = None
-                  ) -> tuple[dist.ProcessGroup, dist.Backend]:
+def _wrap_backend(
+    store,
+    rank: int,
+    size: int,
+    backend_name: str,
+    timeout: datetime.timedelta,
+    device: torch.device,
+    hostname: str | None = None,
+) -> tuple[dist.ProcessGroup, dist.Backend]:
     pg = dist.ProcessGroup(store, rank, size)
     if backend_name == "nccl":
         opts = dist.ProcessGroupNCCL.Options()
@@ -56,8 +62,15 @@ def _wrap_backend(store, rank: int, size: int, backend_name: str, timeout: datet
 
 def local_group() -> dist.ProcessGroup:
     """A one-rank gloo group on an in-process store, for building DDP without peers."""
-    pg, _ = _wrap_backend(dist.HashStore(), 0, 1, "gloo", datetime.timedelta(seconds=30),
-                          torch.device("cpu"), hostname="127.0.0.1")
+    pg, _ = _wrap_backend(
+        dist.HashStore(),
+        0,
+        1,
+        "gloo",
+        datetime.timedelta(seconds=30),
+        torch.device("cpu"),
+        hostname="127.0.0.1",
+    )
     return pg
 
 
@@ -76,9 +89,17 @@ class ElasticGroup:
         self.generation = 0
         self.backend = "gloo"
 
-    def configure(self, store, rank: int, world_size: int, generation: int, backend: str,
-                  device: torch.device, hostname: str | None,
-                  timeout: datetime.timedelta) -> None:
+    def configure(
+        self,
+        store,
+        rank: int,
+        world_size: int,
+        generation: int,
+        backend: str,
+        device: torch.device,
+        hostname: str | None,
+        timeout: datetime.timedelta,
+    ) -> None:
         """Join generation `generation`'s group; blocks until every rank has joined."""
         pg, be = _wrap_backend(store, rank, world_size, backend, timeout, device, hostname)
         with self._lock:
@@ -134,16 +155,18 @@ class ElasticGroup:
                 raise GroupAborted(self._aborted)
             return self._pg
 
-    def all_reduce_async(self, tensor: torch.Tensor,
-                         op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.futures.Future:
+    def all_reduce_async(
+        self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+    ) -> torch.futures.Future:
         pg = self._group()
         opts = dist.AllreduceOptions()
         opts.reduceOp = op
         work = pg.allreduce([tensor], opts)
         return self._track(work, lambda: tensor)
 
-    def all_reduce(self, tensor: torch.Tensor,
-                   op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
+    def all_reduce(
+        self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+    ) -> torch.Tensor:
         return self.all_reduce_async(tensor, op).wait()
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
@@ -174,7 +197,9 @@ class FlatGradReducer:
             self._offsets.append(self._offsets[-1] + n)
         dtypes = {p.dtype for p in params}
         if len(dtypes) != 1:
-            raise ValueError(f"prepare_model needs one parameter dtype, got {sorted(map(str, dtypes))}")
+            raise ValueError(
+                f"prepare_model needs one parameter dtype, got {sorted(map(str, dtypes))}"
+            )
         self._flat = torch.zeros(self._offsets[-1], dtype=params[0].dtype, device=params[0].device)
         self._buckets: list[tuple[dist.GradBucket, torch.futures.Future]] = []
 
@@ -221,8 +246,9 @@ def _flat_hook(state, bucket):
     return state(bucket)
 
 
-def make_ddp(module: torch.nn.Module, group: ElasticGroup, device: torch.device,
-             **ddp_kwargs) -> torch.nn.parallel.DistributedDataParallel:
+def make_ddp(
+    module: torch.nn.Module, group: ElasticGroup, device: torch.device, **ddp_kwargs
+) -> torch.nn.parallel.DistributedDataParallel:
     """DistributedDataParallel whose gradients flow through `group`, built without peers."""
     if ddp_kwargs.get("broadcast_buffers") or ddp_kwargs.get("find_unused_parameters"):
         raise ValueError(

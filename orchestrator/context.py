@@ -132,8 +132,9 @@ class TrainContext:
 
     # --- called by the worker between generations -------------------------------------------
 
-    def begin_generation(self, generation: int, restore_step: int | None,
-                         faults: list[dict[str, Any]]) -> None:
+    def begin_generation(
+        self, generation: int, restore_step: int | None, faults: list[dict[str, Any]]
+    ) -> None:
         self.generation = generation
         self._restore_step = restore_step
         self._faults = [f for f in faults if f["rank"] == self.rank]
@@ -171,8 +172,12 @@ class TrainContext:
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """All-reduce `tensor` in place over the ranks ("sum", "mean", "max", "min")."""
-        ops = {"sum": torch.distributed.ReduceOp.SUM, "mean": torch.distributed.ReduceOp.SUM,
-               "max": torch.distributed.ReduceOp.MAX, "min": torch.distributed.ReduceOp.MIN}
+        ops = {
+            "sum": torch.distributed.ReduceOp.SUM,
+            "mean": torch.distributed.ReduceOp.SUM,
+            "max": torch.distributed.ReduceOp.MAX,
+            "min": torch.distributed.ReduceOp.MIN,
+        }
         if op not in ops:
             raise ValueError(f"ctx.all_reduce op: expected one of {sorted(ops)}, got {op!r}")
         if self.world_size > 1:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +58,9 @@ def connect(address: str | None, spec: JobSpec, num_cpus: int | None, timeout: f
         try:
             ray.init(address=address, namespace="stalwart", log_to_driver=False)
         except (ConnectionError, RuntimeError) as e:
-            raise ClusterUnreachable(f"cannot connect to the Ray cluster at {address}: {e}") from None
+            raise ClusterUnreachable(
+                f"cannot connect to the Ray cluster at {address}: {e}"
+            ) from None
         return address
     # Embedded: size Ray's logical CPUs to fit the job (the workers' threads are capped to
     # their own share, so this does not oversubscribe the machine's cores).
@@ -94,40 +95,59 @@ def run_job(
     try:
         supervisor = (
             ray.remote(JobSupervisor)
-            .options(num_cpus=0, max_concurrency=8, name=f"stalwart-{spec.name}",
-                     get_if_exists=False, max_restarts=0)
+            .options(
+                num_cpus=0,
+                max_concurrency=8,
+                name=f"stalwart-{spec.name}",
+                get_if_exists=False,
+                max_restarts=0,
+            )
             .remote(spec.model_dump(mode="json"), opts.base_dir)
         )
         done = supervisor.run.remote()
-        seen = 0
-        result = None
         with events_path.open("a") as events_file:
-            while True:
-                finished, _ = ray.wait([done], timeout=POLL_INTERVAL_S)
-                update = ray.get(supervisor.poll.remote(seen))
-                for event in update["events"]:
-                    events_file.write(json.dumps(event) + "\n")
-                events_file.flush()
-                seen += len(update["events"])
-                if on_progress:
-                    on_progress(update["progress"], update["events"])
-                if finished:
-                    result = ray.get(done)
-                    break
+            follower = _Follower(supervisor, done, events_file, on_progress)
+            try:
+                result = follower.follow()
+            except KeyboardInterrupt:
+                # Cancel cleanly: the supervisor aborts the workers and still reports.
+                supervisor.cancel.remote()
+                result = follower.follow()
         result["ray"] = where
         result["output"] = str(out)
         (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
         return result
-    except KeyboardInterrupt:
-        supervisor.cancel.remote()
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            finished, _ = ray.wait([done], timeout=1.0)
-            if finished:
-                result = ray.get(done)
-                result["ray"] = where
-                (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
-                return result
-        raise
     finally:
         ray.shutdown()
+
+
+class _Follower:
+    """Polls the supervisor: appends new events to events.jsonl, feeds the progress view."""
+
+    def __init__(
+        self,
+        supervisor: Any,
+        done: Any,
+        events_file: Any,
+        on_progress: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None,
+    ):
+        self.supervisor = supervisor
+        self.done = done
+        self.events_file = events_file
+        self.on_progress = on_progress
+        self.seen = 0
+
+    def follow(self) -> dict[str, Any]:
+        import ray
+
+        while True:
+            finished, _ = ray.wait([self.done], timeout=POLL_INTERVAL_S)
+            update = ray.get(self.supervisor.poll.remote(self.seen))
+            for event in update["events"]:
+                self.events_file.write(json.dumps(event) + "\n")
+            self.events_file.flush()
+            self.seen += len(update["events"])
+            if self.on_progress:
+                self.on_progress(update["progress"], update["events"])
+            if finished:
+                return ray.get(self.done)

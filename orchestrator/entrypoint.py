@@ -37,8 +37,10 @@ def load_entrypoint(entrypoint: str, base_dir: str | None = None) -> Callable[[A
     except EntrypointError:
         raise
     except Exception as e:
-        missing = isinstance(e, ModuleNotFoundError) and e.name and (
-            target == e.name or target.startswith(e.name + ".")
+        missing = (
+            isinstance(e, ModuleNotFoundError)
+            and e.name
+            and (target == e.name or target.startswith(e.name + "."))
         )
         # The module itself is absent: the traceback is importlib's, not the user's.
         tb = "" if missing else "\n" + traceback.format_exc(limit=-5).rstrip()

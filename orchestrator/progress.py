@@ -11,8 +11,13 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-_STATE_STYLE = {"RUNNING": "green", "RECOVERING": "yellow", "FAILED": "red",
-                "SUCCEEDED": "bold green", "CANCELLED": "magenta"}
+_STATE_STYLE = {
+    "RUNNING": "green",
+    "RECOVERING": "yellow",
+    "FAILED": "red",
+    "SUCCEEDED": "bold green",
+    "CANCELLED": "magenta",
+}
 
 
 class ProgressView:
@@ -26,8 +31,9 @@ class ProgressView:
         self._last: dict[str, Any] = {}
 
     def __enter__(self) -> ProgressView:
-        self._live = Live(self._render(), console=self.console, refresh_per_second=4,
-                          transient=False)
+        self._live = Live(
+            self._render(), console=self.console, refresh_per_second=4, transient=False
+        )
         self._live.__enter__()
         return self
 
@@ -83,14 +89,17 @@ def _event_line(e: dict[str, Any]) -> Text | None:
         style = _STATE_STYLE.get(e["new"], "cyan")
         return Text(f"{ts} state {e['old']} -> {e['new']}: {e['reason']}", style=style)
     if t == "fault_injected":
-        return Text(f"{ts} chaos: {e['kind']} rank {e['rank']} at step {e['step']}",
-                    style="magenta")
+        return Text(
+            f"{ts} chaos: {e['kind']} rank {e['rank']} at step {e['step']}", style="magenta"
+        )
     if t == "decision":
         return Text(f"{ts} decision {e['action']}: {e['reason']}", style="yellow")
     if t == "recovered":
         phases = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in e["phases_s"].items())
-        return Text(f"{ts} recovered generation {e['generation']} from step "
-                    f"{e['restore_step']} ({phases})", style="green")
+        return Text(
+            f"{ts} recovered generation {e['generation']} from step {e['restore_step']} ({phases})",
+            style="green",
+        )
     if t == "abort_timeout":
         return Text(f"{ts} rank {e['rank']} {e['reason']}", style="red")
     return None
@@ -99,12 +108,20 @@ def _event_line(e: dict[str, Any]) -> Text | None:
 def print_summary(console: Console, result: dict[str, Any]) -> None:
     status = result["status"]
     style = {"succeeded": "bold green", "failed": "bold red"}.get(status, "magenta")
-    t = Table(title=f"stalwart: {result['name']} {status}", title_style=style,
-              show_header=False, box=None, padding=(0, 2))
+    t = Table(
+        title=f"stalwart: {result['name']} {status}",
+        title_style=style,
+        show_header=False,
+        box=None,
+        padding=(0, 2),
+    )
     t.add_row("steps", f"{result['steps_completed']}/{result['total_steps']}")
     if result.get("steps_per_second"):
-        t.add_row("throughput", f"{result['steps_per_second']:.2f} steps/s, "
-                                f"{result['samples_per_second']:.1f} samples/s")
+        t.add_row(
+            "throughput",
+            f"{result['steps_per_second']:.2f} steps/s, "
+            f"{result['samples_per_second']:.1f} samples/s",
+        )
     if result.get("final_loss") is not None:
         t.add_row("final loss", f"{result['final_loss']:.4f}")
     t.add_row("wall time", f"{result['wall_seconds']:.1f} s")
@@ -114,24 +131,33 @@ def print_summary(console: Console, result: dict[str, Any]) -> None:
         t.add_row("model digest", result["model_digest"][:16] + "…")
     ck = result.get("checkpoint")
     if ck and ck.get("capture_ms_mean") is not None:
-        t.add_row("checkpoint", f"{ck['snapshots']} snapshots of {ck['bytes_per_snapshot'] / 1e6:.2f}"
-                                f" MB, {ck['capture_ms_mean']:.2f} ms on the step")
+        t.add_row(
+            "checkpoint",
+            f"{ck['snapshots']} snapshots of {ck['bytes_per_snapshot'] / 1e6:.2f}"
+            f" MB, {ck['capture_ms_mean']:.2f} ms on the step",
+        )
     parts: list[Any] = [t]
     if result["failures"]:
         f = Table(title="failures", show_lines=False)
-        for col in ("kind", "rank", "step", "detected after", "recovered after",
-                    "steps redone"):
+        for col in ("kind", "rank", "step", "detected after", "recovered after", "steps redone"):
             f.add_column(col)
         for x in result["failures"]:
-            f.add_row(x["kind"], str(x["rank"]), str(x["step"]), _ms(x["detected_after_s"]),
-                      _ms(x["recovered_after_s"]), str(x["steps_redone"]))
+            f.add_row(
+                x["kind"],
+                str(x["rank"]),
+                str(x["step"]),
+                _ms(x["detected_after_s"]),
+                _ms(x["recovered_after_s"]),
+                str(x["steps_redone"]),
+            )
         parts.append(f)
     if result.get("error"):
         err = result["error"]
         parts.append(Text(f"error: {err['message']}", style="red"))
         if err.get("traceback"):
-            parts.append(Text(f"rank {err.get('rank')} traceback:\n{err['traceback']}",
-                              style="red"))
+            parts.append(
+                Text(f"rank {err.get('rank')} traceback:\n{err['traceback']}", style="red")
+            )
     parts.append(Text(f"output: {result.get('output')}/result.json, events.jsonl", style="dim"))
     console.print(Group(*parts))
 

@@ -37,6 +37,5 @@ def check_capacity(spec: JobSpec, nodes: list[dict[str, Any]]) -> None:
         largest = max((n["Resources"].get(key, 0.0) for n in alive), default=0.0)
         if per_worker > largest:
             raise SchedulingError(
-                f"{field}: one worker needs {per_worker:g} {key}, the largest node has "
-                f"{largest:g}"
+                f"{field}: one worker needs {per_worker:g} {key}, the largest node has {largest:g}"
             )

@@ -133,7 +133,7 @@ class JobSpec(_Model):
     def _entrypoint_form(cls, v: str) -> str:
         if not ENTRYPOINT_RE.match(v):
             raise ValueError(
-                "expected 'package.module:function' or 'path/to/file.py:function', " f"got {v!r}"
+                f"expected 'package.module:function' or 'path/to/file.py:function', got {v!r}"
             )
         return v
 
@@ -145,8 +145,7 @@ class JobSpec(_Model):
                 )
             if fault.at_step >= self.steps:
                 raise ValueError(
-                    f"chaos.faults.{i}.at_step: must be < steps ({self.steps}), "
-                    f"got {fault.at_step}"
+                    f"chaos.faults.{i}.at_step: must be < steps ({self.steps}), got {fault.at_step}"
                 )
 
     def resolved_backend(self, cuda_available: bool) -> str:

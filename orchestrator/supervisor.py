@@ -148,8 +148,11 @@ class JobSupervisor:
         check_capacity(spec, ray.nodes())
         bundle = worker_bundle(spec)
         n_bundles = spec.workers + spec.failure.spares
-        self.pg = placement_group([dict(bundle) for _ in range(n_bundles)],
-                                  strategy=spec.placement, name=f"stalwart-{spec.name}")
+        self.pg = placement_group(
+            [dict(bundle) for _ in range(n_bundles)],
+            strategy=spec.placement,
+            name=f"stalwart-{spec.name}",
+        )
         try:
             ray.get(self.pg.ready(), timeout=spec.failure.scheduling_timeout_s)
         except GetTimeoutError:
@@ -168,8 +171,11 @@ class JobSupervisor:
         for bundle_index in range(spec.workers, n_bundles):
             self._start_spare(bundle_index)
         self._await_ready(list(range(spec.workers)))
-        self.events.emit("scheduled", nodes=sorted(set(self.bundle_node.values())),
-                         workers={r: self.worker_info[r] for r in self.workers})
+        self.events.emit(
+            "scheduled",
+            nodes=sorted(set(self.bundle_node.values())),
+            workers={r: self.worker_info[r] for r in self.workers},
+        )
 
     def _ensure_agent(self, node: str) -> Any:
         if node not in self.agents:
@@ -192,19 +198,20 @@ class JobSupervisor:
     def _check_spares(self) -> None:
         if not self.spares_starting:
             return
-        ready, _ = ray.wait(list(self.spares_starting), num_returns=len(self.spares_starting),
-                            timeout=0)
+        ready, _ = ray.wait(
+            list(self.spares_starting), num_returns=len(self.spares_starting), timeout=0
+        )
         for ref in ready:
             actor, bundle_index = self.spares_starting.pop(ref)
             try:
                 info = ray.get(ref)
             except RayActorError as e:
-                self.events.emit("spare_failed", bundle=bundle_index,
-                                 message=_actor_error_text(e))
+                self.events.emit("spare_failed", bundle=bundle_index, message=_actor_error_text(e))
                 continue
             self.spares.append((actor, bundle_index))
-            self.events.emit("spare_ready", bundle=bundle_index, node=info["node_id"],
-                             spares=len(self.spares))
+            self.events.emit(
+                "spare_ready", bundle=bundle_index, node=info["node_id"], spares=len(self.spares)
+            )
 
     def _create_worker(self, rank: int | None, bundle_index: int) -> Any:
         spec = self.spec
@@ -225,8 +232,14 @@ class JobSupervisor:
         return (
             ray.remote(TrainWorker)
             .options(**options)
-            .remote(job=spec.name, spec=self.spec_dict, rank=rank, world_size=spec.workers,
-                    agent=self.agents[node], base_dir=self.base_dir)
+            .remote(
+                job=spec.name,
+                spec=self.spec_dict,
+                rank=rank,
+                world_size=spec.workers,
+                agent=self.agents[node],
+                base_dir=self.base_dir,
+            )
         )
 
     def _await_ready(self, ranks: list[int]) -> None:
@@ -254,8 +267,10 @@ class JobSupervisor:
     def _start_generation(self, restore_step: int | None) -> None:
         self.generation += 1
         gen = self.generation
-        rendezvous = {"timeout_s": self.spec.failure.rendezvous_timeout_s,
-                      "collective_timeout_s": COLLECTIVE_TIMEOUT_S}
+        rendezvous = {
+            "timeout_s": self.spec.failure.rendezvous_timeout_s,
+            "collective_timeout_s": COLLECTIVE_TIMEOUT_S,
+        }
         if self.spec.workers > 1:
             # A fresh store (and port) per generation: nothing of a broken generation can
             # leak into the next one's rendezvous.
@@ -265,7 +280,11 @@ class JobSupervisor:
                 host = "127.0.0.1"
                 rendezvous["gloo_host"] = host
             self._store = dist.TCPStore(
-                host, 0, None, True, wait_for_workers=False,
+                host,
+                0,
+                None,
+                True,
+                wait_for_workers=False,
                 timeout=datetime.timedelta(seconds=self.spec.failure.rendezvous_timeout_s),
             )
             rendezvous.update(host=host, port=self._store.port)
@@ -281,8 +300,13 @@ class JobSupervisor:
             source = self._shard_source(rank, restore_step)
             ref = worker.run.remote(gen, rendezvous, restore_step, source, faults, local[rank])
             self.futures[ref] = rank
-        self.events.emit("generation", generation=gen, restore_step=restore_step,
-                         world_size=self.spec.workers, rendezvous_port=rendezvous.get("port"))
+        self.events.emit(
+            "generation",
+            generation=gen,
+            restore_step=restore_step,
+            world_size=self.spec.workers,
+            rendezvous_port=rendezvous.get("port"),
+        )
 
     def _shard_source(self, rank: int, step: int | None) -> Any:
         if step is None:
@@ -316,9 +340,14 @@ class JobSupervisor:
         try:
             out = ray.get(ref)
         except RayActorError as e:
-            f = WorkerFailure(FailureKind.WORKER_DIED, rank, self.worker_info[rank]["node_id"],
-                              now, step=self.beats.get(rank, {}).get("step"),
-                              message=_actor_error_text(e))
+            f = WorkerFailure(
+                FailureKind.WORKER_DIED,
+                rank,
+                self.worker_info[rank]["node_id"],
+                now,
+                step=self.beats.get(rank, {}).get("step"),
+                message=_actor_error_text(e),
+            )
             self.pending.append(f)
             return f
         if out["outcome"] == "finished":
@@ -328,9 +357,16 @@ class JobSupervisor:
             self.finished[rank] = out
             return None
         kind = FailureKind.USER_ERROR if out["outcome"] == "user_error" else FailureKind.COMM_ERROR
-        f = WorkerFailure(kind, rank, out["node_id"], now, step=out["step"],
-                          error_type=out.get("error_type"), message=out.get("message"),
-                          traceback=out.get("traceback"))
+        f = WorkerFailure(
+            kind,
+            rank,
+            out["node_id"],
+            now,
+            step=out["step"],
+            error_type=out.get("error_type"),
+            message=out.get("message"),
+            traceback=out.get("traceback"),
+        )
         self.finished[rank] = out
         self.pending.append(f)
         return f
@@ -371,21 +407,34 @@ class JobSupervisor:
         self._close_recovery()
 
     def _budget(self) -> Budget:
-        return Budget(self.restarts, self.spec.failure.max_restarts, self.user_errors,
-                      self.spec.failure.user_error_retries)
+        return Budget(
+            self.restarts,
+            self.spec.failure.max_restarts,
+            self.user_errors,
+            self.spec.failure.user_error_retries,
+        )
 
     def _handle_failures(self) -> None:
         decision, reason = decide(self.pending, self._budget(), time.time())
         if decision.action is Action.NOOP:
             return
         failures, self.pending = self.pending, []
-        self.events.emit("decision", action=decision.action.value, ranks=list(decision.ranks),
-                         reason=reason,
-                         failures=[_failure_event(f) for f in failures])
+        self.events.emit(
+            "decision",
+            action=decision.action.value,
+            ranks=list(decision.ranks),
+            reason=reason,
+            failures=[_failure_event(f) for f in failures],
+        )
         if decision.action is Action.FAIL:
             root = _root_cause(failures)
-            self.error = {"message": reason, "rank": root.rank, "kind": root.kind.value,
-                          "error_type": root.error_type, "traceback": root.traceback}
+            self.error = {
+                "message": reason,
+                "rank": root.rank,
+                "kind": root.kind.value,
+                "error_type": root.error_type,
+                "traceback": root.traceback,
+            }
             self._abort_all(reason)
             self._record_failures(failures, restored_step=None, decided_at=time.time())
             self._set(JobState.FAILED, reason)
@@ -411,8 +460,9 @@ class JobSupervisor:
                 worker.abort.remote(gen, reason)
         deadline = time.time() + self.spec.failure.abort_timeout_s
         while self.futures and time.time() < deadline:
-            ready, _ = ray.wait(list(self.futures), num_returns=1,
-                                timeout=max(0.0, deadline - time.time()))
+            ready, _ = ray.wait(
+                list(self.futures), num_returns=1, timeout=max(0.0, deadline - time.time())
+            )
             for ref in ready:
                 extra = self._collect(ref)
                 if extra is not None:
@@ -423,9 +473,12 @@ class JobSupervisor:
         for ref in list(self.futures):
             self.futures.pop(ref)
         for rank in stuck:
-            self.events.emit("abort_timeout", rank=rank,
-                             reason=f"did not leave its train loop within "
-                             f"failure.abort_timeout_s={self.spec.failure.abort_timeout_s}")
+            self.events.emit(
+                "abort_timeout",
+                rank=rank,
+                reason=f"did not leave its train loop within "
+                f"failure.abort_timeout_s={self.spec.failure.abort_timeout_s}",
+            )
             replace.add(rank)
         self.pending = [p for p in self.pending if p.kind is not FailureKind.COMM_ERROR]
         t_aborted = time.time()
@@ -446,8 +499,9 @@ class JobSupervisor:
                 try:
                     ray.get(actor.assume.remote(rank), timeout=10)
                 except (RayActorError, GetTimeoutError) as e:
-                    self.events.emit("spare_failed", bundle=bundle_index,
-                                     message=_actor_error_text(e))
+                    self.events.emit(
+                        "spare_failed", bundle=bundle_index, message=_actor_error_text(e)
+                    )
                     ray.kill(actor, no_restart=True)
                     self._start_spare(bundle_index)
                     continue
@@ -478,7 +532,7 @@ class JobSupervisor:
         self._record_failures(failures, restored_step=restore, decided_at=t_decided)
         self.open_recovery = {
             "generation": self.generation + 1,
-            "failures": self.failures[-len(failures):],
+            "failures": self.failures[-len(failures) :],
             "phases": {"abort": t_aborted - t0, "replace": t_replaced - t_aborted},
             "decided_at": t_decided,
             "restore_step": restore,
@@ -486,15 +540,21 @@ class JobSupervisor:
             "from_spares": sorted(used_spares),
         }
         self._start_generation(restore_step=restore)
-        self._set(JobState.RUNNING,
-                  f"generation {self.generation}: resumed from committed step {restore}"
-                  + (f", replaced rank(s) {sorted(replace)}" if replace else ""))
+        self._set(
+            JobState.RUNNING,
+            f"generation {self.generation}: resumed from committed step {restore}"
+            + (f", replaced rank(s) {sorted(replace)}" if replace else ""),
+        )
 
-    def _record_failures(self, failures: list[WorkerFailure], restored_step: int | None,
-                         decided_at: float) -> None:
+    def _record_failures(
+        self, failures: list[WorkerFailure], restored_step: int | None, decided_at: float
+    ) -> None:
         injected = {f["rank"]: f for f in self.fault_records}
-        reached = max([b.get("step", 0) for b in self.beats.values()]
-                      + [o.get("step", 0) for o in self.finished.values()] + [0])
+        reached = max(
+            [b.get("step", 0) for b in self.beats.values()]
+            + [o.get("step", 0) for o in self.finished.values()]
+            + [0]
+        )
         for f in failures:
             if f.kind is FailureKind.COMM_ERROR and any(
                 g.kind is not FailureKind.COMM_ERROR for g in failures
@@ -502,21 +562,25 @@ class JobSupervisor:
                 continue  # a symptom of the root cause, not a failure of its own
             fault = injected.get(f.rank)
             t_fail = fault["at"] if fault else None
-            self.failures.append({
-                "kind": f.kind.value,
-                "rank": f.rank,
-                "node": f.node,
-                "step": fault["step"] if fault else f.step,
-                "injected": fault is not None,
-                "error_type": f.error_type,
-                "message": f.message,
-                "detected_at": f.at,
-                "detected_after_s": round(f.at - t_fail, 4) if t_fail else None,
-                "decided_after_s": round(decided_at - f.at, 4),
-                "restored_step": restored_step,
-                "steps_redone": (reached - restored_step) if restored_step is not None else None,
-                "recovered_after_s": None,
-            })
+            self.failures.append(
+                {
+                    "kind": f.kind.value,
+                    "rank": f.rank,
+                    "node": f.node,
+                    "step": fault["step"] if fault else f.step,
+                    "injected": fault is not None,
+                    "error_type": f.error_type,
+                    "message": f.message,
+                    "detected_at": f.at,
+                    "detected_after_s": round(f.at - t_fail, 4) if t_fail else None,
+                    "decided_after_s": round(decided_at - f.at, 4),
+                    "restored_step": restored_step,
+                    "steps_redone": (reached - restored_step)
+                    if restored_step is not None
+                    else None,
+                    "recovered_after_s": None,
+                }
+            )
             if fault:
                 self.fault_records.remove(fault)
 
@@ -537,19 +601,27 @@ class JobSupervisor:
         first = max(t["first_step_done"] for t in timings)
         phases = dict(rec["phases"])
         # reenter: the train loop's own set-up until ctx.steps(); restore: fetch + load.
-        phases.update(rendezvous=rdzv - started, reenter=entered - rdzv,
-                      restore=restored - entered, first_step=first - restored)
+        phases.update(
+            rendezvous=rdzv - started,
+            reenter=entered - rdzv,
+            restore=restored - entered,
+            first_step=first - restored,
+        )
         for f in rec["failures"]:
             origin = f["detected_at"] - (f["detected_after_s"] or 0.0)
             f["recovered_after_s"] = round(first - origin, 4)
             f["phases_s"] = {k: round(v, 4) for k, v in phases.items()}
             f["phases_s"]["detect"] = f["detected_after_s"]
             f["phases_s"]["decide"] = f["decided_after_s"]
-        self.events.emit("recovered", generation=self.generation,
-                         restore_step=rec["restore_step"], replaced=rec["replaced"],
-                         from_spares=rec["from_spares"],
-                         phases_s={k: round(v, 4) for k, v in phases.items()},
-                         recovered_after_s=[f["recovered_after_s"] for f in rec["failures"]])
+        self.events.emit(
+            "recovered",
+            generation=self.generation,
+            restore_step=rec["restore_step"],
+            replaced=rec["replaced"],
+            from_spares=rec["from_spares"],
+            phases_s={k: round(v, 4) for k, v in phases.items()},
+            recovered_after_s=[f["recovered_after_s"] for f in rec["failures"]],
+        )
         self.open_recovery = None
 
     def _abort_all(self, reason: str) -> None:
@@ -563,8 +635,9 @@ class JobSupervisor:
             self._set(JobState.FAILED, self.error["message"])
             return
         self._poll_agents()
-        self._set(JobState.SUCCEEDED, f"all {self.spec.workers} ranks finished "
-                                      f"{self.spec.steps} steps")
+        self._set(
+            JobState.SUCCEEDED, f"all {self.spec.workers} ranks finished {self.spec.steps} steps"
+        )
 
     def _teardown(self) -> None:
         spares = [a for a, _ in self.spares] + [a for a, _ in self.spares_starting.values()]
@@ -589,8 +662,11 @@ class JobSupervisor:
         samples = sum(o.get("samples", 0.0) for o in outs)
         return {
             "name": self.spec.name,
-            "status": {JobState.SUCCEEDED: "succeeded", JobState.FAILED: "failed",
-                       JobState.CANCELLED: "cancelled"}.get(state, state.value.lower()),
+            "status": {
+                JobState.SUCCEEDED: "succeeded",
+                JobState.FAILED: "failed",
+                JobState.CANCELLED: "cancelled",
+            }.get(state, state.value.lower()),
             "steps_completed": steps_done,
             "total_steps": self.spec.steps,
             "final_loss": sum(losses) / len(losses) if losses else None,
@@ -603,9 +679,11 @@ class JobSupervisor:
             "wall_seconds": round(end - self.started_at, 3),
             "training_seconds": round(run_s, 3),
             "steps_per_second": round(self.spec.steps / run_s, 3)
-            if state is JobState.SUCCEEDED and run_s > 0 else None,
+            if state is JobState.SUCCEEDED and run_s > 0
+            else None,
             "samples_per_second": round(samples / run_s, 3)
-            if state is JobState.SUCCEEDED and run_s > 0 else None,
+            if state is JobState.SUCCEEDED and run_s > 0
+            else None,
             "committed_step": self.commit.committed,
             "checkpoint": _pipeline_summary(outs),
             "error": self.error,
@@ -621,18 +699,27 @@ def _pipeline_summary(outs: list[dict[str, Any]]) -> dict[str, Any] | None:
         "snapshots": caps,
         "bytes_per_snapshot": max(s["last_bytes"] for s in stats),
         "capture_ms_mean": round(1000 * sum(s["capture_seconds"] for s in stats) / caps, 3)
-        if caps else None,
+        if caps
+        else None,
         "wait_ms_mean": round(1000 * sum(s["wait_seconds"] for s in stats) / caps, 3)
-        if caps else None,
+        if caps
+        else None,
         "handover_ms_mean": round(1000 * sum(s["handover_seconds"] for s in stats) / caps, 3)
-        if caps else None,
+        if caps
+        else None,
         "errors": sum(s["errors"] for s in stats),
     }
 
 
 def _failure_event(f: WorkerFailure) -> dict[str, Any]:
-    return {"kind": f.kind.value, "rank": f.rank, "node": f.node, "step": f.step,
-            "error_type": f.error_type, "message": (f.message or "")[:500]}
+    return {
+        "kind": f.kind.value,
+        "rank": f.rank,
+        "node": f.node,
+        "step": f.step,
+        "error_type": f.error_type,
+        "message": (f.message or "")[:500],
+    }
 
 
 def _root_cause(failures: list[WorkerFailure]) -> WorkerFailure:

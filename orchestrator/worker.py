@@ -8,6 +8,7 @@ returns ``interrupted``, and the supervisor calls ``run`` again for the next gen
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import threading
@@ -28,8 +29,16 @@ from orchestrator.entrypoint import load_entrypoint
 HEARTBEAT_INTERVAL_S = 0.25
 
 # Transport failures of a collective, as gloo and NCCL word them.
-_COMM_MARKERS = ("Connection reset", "Connection closed", "Broken pipe", "gloo", "NCCL",
-                 "Socket Timeout", "Timed out", "ProcessGroup")
+_COMM_MARKERS = (
+    "Connection reset",
+    "Connection closed",
+    "Broken pipe",
+    "gloo",
+    "NCCL",
+    "Socket Timeout",
+    "Timed out",
+    "ProcessGroup",
+)
 
 
 def is_comm_error(exc: BaseException) -> bool:
@@ -42,8 +51,16 @@ def is_comm_error(exc: BaseException) -> bool:
 
 
 class TrainWorker:
-    def __init__(self, *, job: str, spec: dict[str, Any], rank: int | None, world_size: int,
-                 agent: Any, base_dir: str | None):
+    def __init__(
+        self,
+        *,
+        job: str,
+        spec: dict[str, Any],
+        rank: int | None,
+        world_size: int,
+        agent: Any,
+        base_dir: str | None,
+    ):
         self.job = job
         self.rank = rank
         self.world_size = world_size
@@ -67,35 +84,57 @@ class TrainWorker:
         self.generation = 0
         self._timings: dict[str, float] = {}
         self._stop = threading.Event()
-        self._beat_thread = threading.Thread(target=self._beat_loop, daemon=True,
-                                             name="stalwart-heartbeat")
+        self._beat_thread = threading.Thread(
+            target=self._beat_loop, daemon=True, name="stalwart-heartbeat"
+        )
         self._beat_thread.start()
         _warm_up()
 
     # --- control API -------------------------------------------------------------------------
 
     def ready(self) -> dict[str, Any]:
-        return {"rank": self.rank, "node_id": self.node_id, "node_ip": self.node_ip,
-                "pid": os.getpid(), "backend": self.backend, "device": str(self.device)}
+        return {
+            "rank": self.rank,
+            "node_id": self.node_id,
+            "node_ip": self.node_ip,
+            "pid": os.getpid(),
+            "backend": self.backend,
+            "device": str(self.device),
+        }
 
     def assume(self, rank: int) -> None:
         """A spare takes over `rank`; its next run() joins the job as that rank."""
         assert self.rank is None and self.ctx is None, "only an idle spare can assume a rank"
         self.rank = rank
 
-    def run(self, generation: int, rendezvous: dict[str, Any], restore_step: int | None,
-            restore_from: Any, faults: list[dict[str, Any]], local_rank: int) -> dict[str, Any]:
+    def run(
+        self,
+        generation: int,
+        rendezvous: dict[str, Any],
+        restore_step: int | None,
+        restore_from: Any,
+        faults: list[dict[str, Any]],
+        local_rank: int,
+    ) -> dict[str, Any]:
         """Run one generation: rendezvous, restore, train until done or aborted."""
         self.generation = generation
         timings: dict[str, float] = {"started": time.time()}
         self._timings = timings
         if self.ctx is None:
             self.ctx = TrainContext(
-                rank=self.rank, world_size=self.world_size, local_rank=local_rank,
-                node_id=self.node_id, device=self.device, total_steps=self.spec["steps"],
-                every_steps=self.spec["checkpoint"]["every_steps"], seed=self.spec["seed"],
-                config=self.spec["config"], group=self.group, pipeline=self.pipeline,
-                fetch=lambda step: self._fetch(restore_from, step), on_fault=self._on_fault,
+                rank=self.rank,
+                world_size=self.world_size,
+                local_rank=local_rank,
+                node_id=self.node_id,
+                device=self.device,
+                total_steps=self.spec["steps"],
+                every_steps=self.spec["checkpoint"]["every_steps"],
+                seed=self.spec["seed"],
+                config=self.spec["config"],
+                group=self.group,
+                pipeline=self.pipeline,
+                fetch=lambda step: self._fetch(restore_from, step),
+                on_fault=self._on_fault,
             )
         ctx = self.ctx
         ctx._fetch = lambda step: self._fetch(restore_from, step)
@@ -105,12 +144,20 @@ class TrainWorker:
         try:
             if self.world_size > 1:
                 store = dist.TCPStore(
-                    rendezvous["host"], rendezvous["port"], None, False,
+                    rendezvous["host"],
+                    rendezvous["port"],
+                    None,
+                    False,
                     timeout=datetime.timedelta(seconds=rendezvous["timeout_s"]),
                 )
                 prefix = dist.PrefixStore(f"stalwart/{self.job}/gen{generation}", store)
                 self.group.configure(
-                    prefix, self.rank, self.world_size, generation, self.backend, self.device,
+                    prefix,
+                    self.rank,
+                    self.world_size,
+                    generation,
+                    self.backend,
+                    self.device,
                     hostname=rendezvous.get("gloo_host") or self.node_ip,
                     timeout=datetime.timedelta(seconds=rendezvous["collective_timeout_s"]),
                 )
@@ -133,7 +180,10 @@ class TrainWorker:
             # Failing to form the group is the infrastructure's fault, not the user's.
             kind = "comm_error" if is_comm_error(e) or not in_user_code else "user_error"
             return self._outcome(
-                kind, timings, error_type=type(e).__name__, message=str(e)[:2000],
+                kind,
+                timings,
+                error_type=type(e).__name__,
+                message=str(e)[:2000],
                 traceback=traceback.format_exc(),
             )
 
@@ -156,17 +206,34 @@ class TrainWorker:
 
     def _outcome(self, outcome: str, timings: dict[str, float], **extra: Any) -> dict[str, Any]:
         p = self.ctx.progress
-        timings.update({k: v for k, v in (("restored", p.restored_at),
-                                           ("first_step_done", p.first_step_done_at)) if v})
-        return {"rank": self.rank, "generation": self.generation, "outcome": outcome,
-                "step": p.step, "metrics": dict(p.metrics), "samples": p.samples,
-                "tokens": p.tokens, "timings": timings, "node_id": self.node_id,
-                "pipeline": vars(self.pipeline.stats).copy(), **extra}
+        timings.update(
+            {
+                k: v
+                for k, v in (("restored", p.restored_at), ("first_step_done", p.first_step_done_at))
+                if v
+            }
+        )
+        return {
+            "rank": self.rank,
+            "generation": self.generation,
+            "outcome": outcome,
+            "step": p.step,
+            "metrics": dict(p.metrics),
+            "samples": p.samples,
+            "tokens": p.tokens,
+            "timings": timings,
+            "node_id": self.node_id,
+            "pipeline": vars(self.pipeline.stats).copy(),
+            **extra,
+        }
 
     def _send(self, snap: Snapshot) -> None:
         payload = snap.payload.numpy() if isinstance(snap.payload, torch.Tensor) else snap.payload
-        ray.get(self.agent.put_shard.remote(
-            self.rank, Snapshot(snap.step, snap.skeleton, snap.metas, payload)))
+        ray.get(
+            self.agent.put_shard.remote(
+                self.rank, Snapshot(snap.step, snap.skeleton, snap.metas, payload)
+            )
+        )
 
     def _fetch(self, source: Any, step: int) -> Snapshot | None:
         return ray.get((source or self.agent).get_shard.remote(self.rank, step))
@@ -178,17 +245,27 @@ class TrainWorker:
     def _beat(self) -> dict[str, Any]:
         p = self.ctx.progress if self.ctx else None
         return {
-            "rank": self.rank, "generation": self.generation, "pid": os.getpid(),
+            "rank": self.rank,
+            "generation": self.generation,
+            "pid": os.getpid(),
             "step": p.step if p else 0,
             "metrics": dict(p.metrics) if p else {},
             "samples": p.samples if p else 0.0,
             "compute_seconds": p.compute_seconds if p else 0.0,
             "sent_at": time.time(),
-            "timings": {**self._timings,
-                        **({"setup_done": p.setup_done_at, "fetched": p.fetched_at,
-                            "restored": p.restored_at} if p and p.restored_at else {}),
-                        **({"first_step_done": p.first_step_done_at}
-                           if p and p.first_step_done_at else {})},
+            "timings": {
+                **self._timings,
+                **(
+                    {
+                        "setup_done": p.setup_done_at,
+                        "fetched": p.fetched_at,
+                        "restored": p.restored_at,
+                    }
+                    if p and p.restored_at
+                    else {}
+                ),
+                **({"first_step_done": p.first_step_done_at} if p and p.first_step_done_at else {}),
+            },
             "snapshot": vars(self.pipeline.stats).copy(),
         }
 
@@ -196,10 +273,9 @@ class TrainWorker:
         while not self._stop.wait(HEARTBEAT_INTERVAL_S):
             if self.rank is None:
                 continue  # an idle spare has nothing to report yet
-            try:
+            # If the agent is gone the call fails; the supervisor notices the silence.
+            with contextlib.suppress(Exception):
                 self.agent.heartbeat.remote(self.rank, self._beat())
-            except Exception:  # the agent is gone; the supervisor sees the silence
-                pass
 
 
 def _warm_up() -> None:

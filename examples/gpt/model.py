@@ -24,8 +24,9 @@ class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.attn = nn.MultiheadAttention(cfg.d_model, cfg.n_heads, dropout=cfg.dropout,
-                                          batch_first=True)
+        self.attn = nn.MultiheadAttention(
+            cfg.d_model, cfg.n_heads, dropout=cfg.dropout, batch_first=True
+        )
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = nn.Sequential(
             nn.Linear(cfg.d_model, 4 * cfg.d_model),
@@ -65,8 +66,14 @@ class GPT(nn.Module):
         return self.head(self.ln(x))
 
 
-def synthetic_batch(step: int, rank: int, batch: int, cfg: GPTConfig, seed: int = 0,
-                    device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_batch(
+    step: int,
+    rank: int,
+    batch: int,
+    cfg: GPTConfig,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token sequences from a fixed hidden rule, a function of (seed, step, rank) only.
 
     Each sequence follows x[i+1] = (a * x[i] + b + e[i]) mod vocab with a per-sequence (a, b)
@@ -77,7 +84,8 @@ def synthetic_batch(step: int, rank: int, batch: int, cfg: GPTConfig, seed: int 
     a = torch.randint(1, 4, (batch, 1), generator=g)
     b = torch.randint(0, cfg.vocab, (batch, 1), generator=g)
     noise = (torch.rand(batch, n, generator=g) < 0.05).long() * torch.randint(
-        0, cfg.vocab, (batch, n), generator=g)
+        0, cfg.vocab, (batch, n), generator=g
+    )
     x = torch.empty(batch, n, dtype=torch.long)
     x[:, 0] = torch.randint(0, cfg.vocab, (batch,), generator=g)
     for i in range(1, n):

@@ -1,4 +1,4 @@
-"""The quickstart's train loop: a small GPT on synthetic data, data-parallel over the job's ranks."""
+"""The quickstart's train loop: a small GPT on synthetic data, data-parallel over the ranks."""
 
 from __future__ import annotations
 

@@ -27,8 +27,14 @@ SMALL = {
     "config": {
         "batch_size": 8,
         "lr": 0.003,
-        "model": {"vocab": 32, "seq_len": 16, "d_model": 32, "n_layers": 1, "n_heads": 2,
-                  "dropout": 0.1},
+        "model": {
+            "vocab": 32,
+            "seq_len": 16,
+            "d_model": 32,
+            "n_layers": 1,
+            "n_heads": 2,
+            "dropout": 0.1,
+        },
     },
     "chaos": {"faults": []},
 }
@@ -72,12 +78,14 @@ def run(ray_address, tmp_path):
 
     def _run(spec: dict[str, Any]) -> dict[str, Any]:
         out = tmp_path / f"run{next(counter)}"
-        result = run_job(validate(spec), RunOptions(address=ray_address, output=out,
-                                                    base_dir=str(REPO)))
+        result = run_job(
+            validate(spec), RunOptions(address=ray_address, output=out, base_dir=str(REPO))
+        )
         on_disk = json.loads((out / "result.json").read_text())
         assert on_disk["status"] == result["status"]
-        result["events"] = [json.loads(line) for line in
-                            (out / "events.jsonl").read_text().splitlines()]
+        result["events"] = [
+            json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()
+        ]
         return result
 
     return _run

@@ -19,8 +19,14 @@ pytestmark = [pytest.mark.component, pytest.mark.timeout(300)]
 
 
 def stalwart(*args: str, cwd: Path = REPO, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def write_spec(path: Path, spec: dict) -> Path:
@@ -29,8 +35,9 @@ def write_spec(path: Path, spec: dict) -> Path:
 
 
 def test_user_error_fails_fast_with_rank_and_traceback(run):
-    spec = small_spec(entrypoint="tests/component/loops.py:raising_loop",
-                      config__raise_at=6, config__raise_rank=2)
+    spec = small_spec(
+        entrypoint="tests/component/loops.py:raising_loop", config__raise_at=6, config__raise_rank=2
+    )
     result = run(spec)
     assert result["status"] == "failed"
     err = result["error"]
@@ -45,8 +52,12 @@ def test_user_error_fails_fast_with_rank_and_traceback(run):
 
 
 def test_user_error_retried_within_budget_then_fails(run):
-    spec = small_spec(entrypoint="tests/component/loops.py:raising_loop",
-                      config__raise_at=6, config__raise_rank=0, failure__user_error_retries=1)
+    spec = small_spec(
+        entrypoint="tests/component/loops.py:raising_loop",
+        config__raise_at=6,
+        config__raise_rank=0,
+        failure__user_error_retries=1,
+    )
     result = run(spec)
     assert result["status"] == "failed"
     assert result["restarts"] == 1  # one deterministic replay, then it gives up
@@ -76,8 +87,16 @@ def test_validate_reports_every_error_with_its_path(tmp_path):
 
 def test_validate_ok_and_set_overrides(tmp_path):
     path = write_spec(tmp_path / "ok.yaml", SMALL)
-    proc = stalwart("validate", str(path), "--set", "steps=77", "--set",
-                    "chaos.faults=[{kind: kill_worker, rank: 2, at_step: 30}]", "-o", "json")
+    proc = stalwart(
+        "validate",
+        str(path),
+        "--set",
+        "steps=77",
+        "--set",
+        "chaos.faults=[{kind: kill_worker, rank: 2, at_step: 30}]",
+        "-o",
+        "json",
+    )
     assert proc.returncode == 0, proc.stderr
     spec = json.loads(proc.stdout)
     assert spec["steps"] == 77
@@ -137,12 +156,14 @@ def test_schema_command():
 
 def test_yaml_is_loaded_safely(tmp_path):
     path = tmp_path / "evil.yaml"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         name: !!python/object/apply:os.system ["echo pwned"]
         entrypoint: a.b:c
         workers: 1
         steps: 1
-    """))
+    """)
+    )
     proc = stalwart("validate", str(path))
     assert proc.returncode == 2
     assert "not valid YAML" in proc.stderr

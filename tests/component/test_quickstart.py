@@ -16,8 +16,15 @@ pytestmark = [pytest.mark.component, pytest.mark.timeout(600)]
 
 def stalwart(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=540, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_quickstart_kill_recovers_to_the_failure_free_model(tmp_path):
@@ -25,14 +32,31 @@ def test_quickstart_kill_recovers_to_the_failure_free_model(tmp_path):
     assert with_kill.returncode == 0, with_kill.stdout + with_kill.stderr
     out = with_kill.stdout
     # Live progress and the summary.
-    for text in ("SCHEDULING -> RUNNING", "chaos: kill_worker rank 1 at step 60",
-                 "RUNNING -> RECOVERING", "recovered generation 2", "RUNNING -> SUCCEEDED",
-                 "200/200", "steps/s", "final loss", "steps redone", "worker_died"):
+    for text in (
+        "SCHEDULING -> RUNNING",
+        "chaos: kill_worker rank 1 at step 60",
+        "RUNNING -> RECOVERING",
+        "recovered generation 2",
+        "RUNNING -> SUCCEEDED",
+        "200/200",
+        "steps/s",
+        "final loss",
+        "steps redone",
+        "worker_died",
+    ):
         assert text in out, f"{text!r} not in output:\n{out}"
     killed = json.loads((tmp_path / "kill" / "result.json").read_text())
 
-    clean = stalwart("run", "examples/quickstart.yaml", "--set", "chaos.faults=[]",
-                     "--output", str(tmp_path / "clean"), "-o", "json")
+    clean = stalwart(
+        "run",
+        "examples/quickstart.yaml",
+        "--set",
+        "chaos.faults=[]",
+        "--output",
+        str(tmp_path / "clean"),
+        "-o",
+        "json",
+    )
     assert clean.returncode == 0, clean.stderr
     printed = json.loads(clean.stdout)
     assert printed == json.loads((tmp_path / "clean" / "result.json").read_text())

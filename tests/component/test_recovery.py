@@ -29,8 +29,15 @@ def test_killed_worker_recovers_bit_exact(run, baseline):
     assert failure["injected"] is True
     assert failure["steps_redone"] <= spec["checkpoint"]["every_steps"]
     assert 0 <= failure["detected_after_s"] < failure["recovered_after_s"]
-    assert set(failure["phases_s"]) >= {"detect", "decide", "abort", "replace", "rendezvous",
-                                        "restore", "first_step"}
+    assert set(failure["phases_s"]) >= {
+        "detect",
+        "decide",
+        "abort",
+        "replace",
+        "rendezvous",
+        "restore",
+        "first_step",
+    }
     assert result["restarts"] == 1
     assert result["generations"] == 2
     types = [e["type"] for e in result["events"]]
@@ -80,10 +87,9 @@ def test_restart_budget_runs_out(run):
     result = run(spec)
     assert result["status"] == "failed"
     assert result["restarts"] == 1
-    assert "restart budget exhausted (failure.max_restarts=1, used 1)" in (
-        result["error"]["message"]
+    assert (
+        "restart budget exhausted (failure.max_restarts=1, used 1)" in (result["error"]["message"])
     )
-
 
 
 def test_warm_spare_takes_the_lost_rank(run, baseline):
