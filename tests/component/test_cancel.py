@@ -1,0 +1,54 @@
+"""Ctrl-C on `stalwart run` cancels the job cleanly and still writes the run directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.component.conftest import REPO, small_spec
+
+pytestmark = [pytest.mark.component, pytest.mark.timeout(240)]
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.2)  # polling interval of a deadline-bounded wait
+
+
+def test_ctrl_c_cancels_and_reports(tmp_path, ray_address):
+    spec_path = tmp_path / "long.yaml"
+    spec_path.write_text(yaml.safe_dump(small_spec(steps=100000)))
+    out = tmp_path / "run"
+    env = {**os.environ, "RAY_ADDRESS": ray_address}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "run", str(spec_path), "--output", str(out)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        events = out / "events.jsonl"
+
+        def training() -> bool:
+            return events.exists() and '"new": "RUNNING"' in events.read_text()
+
+        wait_for(training, 120, "the job to reach RUNNING")
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stdout + stderr
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "cancelled"
+    states = [json.loads(x) for x in events.read_text().splitlines()]
+    assert states[-1]["type"] == "state" and states[-1]["new"] == "CANCELLED"
