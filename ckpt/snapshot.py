@@ -113,6 +113,10 @@ class SnapshotBuffer:
     def __init__(self, pin_memory: bool = False):
         self._buf: torch.Tensor | None = None
         self._pin = pin_memory
+        # Views into the buffer for the last layout: the layout rarely changes (an optimizer
+        # creates its state on the first step), so the views are built once, not per step.
+        self._metas: tuple[TensorMeta, ...] | None = None
+        self._views: list[torch.Tensor] = []
 
     def capture(self, step: int, state: Any) -> Snapshot:
         tensors: list[torch.Tensor] = []
@@ -120,15 +124,20 @@ class SnapshotBuffer:
         metas, total = _layout(tensors)
         if self._buf is None or self._buf.numel() < total:
             self._buf = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=self._pin)
+            self._metas = None
         buf = self._buf
-        for t, m in zip(tensors, metas, strict=True):
-            if m.nbytes == 0:
-                continue
-            src = t.detach()
-            if not src.is_contiguous():
-                src = src.contiguous()
-            dst = buf[m.offset : m.offset + m.nbytes].view(src.dtype).view(src.shape)
-            dst.copy_(src, non_blocking=src.device.type == "cuda")
+        if metas != self._metas:
+            self._views = [
+                buf[m.offset : m.offset + m.nbytes].view(t.dtype).view(t.shape)
+                for t, m in zip(tensors, metas, strict=True)
+            ]
+            self._metas = metas
+        pairs = [
+            (d, t.detach()) for d, t, m in zip(self._views, tensors, metas, strict=True) if m.nbytes
+        ]
+        if pairs:
+            dsts, srcs = zip(*pairs, strict=True)
+            torch._foreach_copy_(list(dsts), list(srcs), non_blocking=True)
         if any(t.device.type == "cuda" for t in tensors):
             torch.cuda.synchronize()
         return Snapshot(step, pickle.dumps(skeleton, protocol=5), metas, buf[:total])

@@ -55,7 +55,7 @@ class Progress:
 def capture_rng() -> dict[str, Any]:
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "python": random.getstate(),
+        "python": _python_rng_to_tensor(random.getstate()),
         "numpy": _numpy_rng_to_tensor(np.random.get_state()),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -65,7 +65,8 @@ def capture_rng() -> dict[str, Any]:
 
 def apply_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate(_tuples(state["python"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal.tolist()), gauss))
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     if "cuda" in state:
@@ -78,11 +79,10 @@ def _numpy_rng_to_tensor(state: tuple) -> tuple:
     return (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached))
 
 
-def _tuples(obj: Any) -> Any:
-    # random.setstate wants tuples all the way down; a round trip may hand back lists.
-    if isinstance(obj, list | tuple):
-        return tuple(_tuples(v) for v in obj)
-    return obj
+def _python_rng_to_tensor(state: tuple) -> tuple:
+    # 625 ints as one tensor, not 625 objects for the snapshot to walk on every step.
+    version, internal, gauss = state
+    return (version, torch.tensor(internal, dtype=torch.int64), gauss)
 
 
 def seed_all(seed: int) -> None:

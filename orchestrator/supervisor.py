@@ -171,6 +171,14 @@ class JobSupervisor:
         for bundle_index in range(spec.workers, n_bundles):
             self._start_spare(bundle_index)
         self._await_ready(list(range(spec.workers)))
+        if self.spares_starting:
+            # Start with the spares ready, so an early failure finds one.
+            ray.wait(
+                list(self.spares_starting),
+                num_returns=len(self.spares_starting),
+                timeout=spec.failure.scheduling_timeout_s,
+            )
+            self._check_spares()
         self.events.emit(
             "scheduled",
             nodes=sorted(set(self.bundle_node.values())),
