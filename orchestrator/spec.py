@@ -138,6 +138,9 @@ class JobSpec(_Model):
         return v
 
     def model_post_init(self, _ctx: Any) -> None:
+        r = self.resources
+        if not (r.cpu or r.gpu or any(r.custom.values())):
+            raise ValueError("resources: a worker must ask for some cpu, gpu or custom resource")
         for i, fault in enumerate(self.chaos.faults):
             if fault.rank >= self.workers:
                 raise ValueError(

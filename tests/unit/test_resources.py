@@ -35,7 +35,7 @@ def test_worker_bundle_drops_zeros():
         "GPU": 1.0,
         "TPU": 4.0,
     }
-    assert worker_bundle(spec(cpu=0)) == {}
+    assert worker_bundle(spec(cpu=0, gpu=1)) == {"GPU": 1.0}
 
 
 def test_fits():

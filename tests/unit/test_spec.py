@@ -583,3 +583,21 @@ def test_json_schema_rejects_what_validate_rejects():
         {k: v for k, v in BASE.items() if k != "steps"},
     ):
         assert list(validator.iter_errors(bad)), bad
+
+
+def test_a_worker_must_ask_for_something():
+    from orchestrator.spec import SpecError, validate
+
+    data = {
+        "name": "x",
+        "entrypoint": "a.b:c",
+        "workers": 1,
+        "steps": 1,
+        "resources": {"cpu": 0, "gpu": 0},
+    }
+    try:
+        validate(data)
+    except SpecError as e:
+        assert e.errors == ["resources: a worker must ask for some cpu, gpu or custom resource"]
+    else:
+        raise AssertionError("accepted a worker that asks for nothing")
