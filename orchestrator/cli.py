@@ -42,17 +42,21 @@ _set_option = click.option(
 )
 
 
+def _format_option(help_json: str):
+    return click.option(
+        "-o",
+        "--output-format",
+        "fmt",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        help=help_json,
+    )
+
+
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @_set_option
-@click.option(
-    "-o",
-    "--output-format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    help="json: print the validated spec",
-)
+@_format_option("json: print the validated spec")
 def validate(file: str, overrides: tuple[str, ...], fmt: str) -> None:
     """Validate a job spec; exit 2 listing every error with its field path."""
     console = Console(stderr=True)
@@ -85,14 +89,7 @@ def schema() -> None:
     default=None,
     help="run directory for result.json and events.jsonl (default runs/NAME-TIME)",
 )
-@click.option(
-    "-o",
-    "--output-format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    help="json: print result.json to stdout",
-)
+@_format_option("json: print result.json to stdout")
 @click.option("--num-cpus", type=int, default=None, help="logical CPUs of the embedded Ray")
 def run(
     file: str,

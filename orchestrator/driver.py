@@ -67,6 +67,7 @@ def connect(address: str | None, spec: JobSpec, num_cpus: int | None, timeout: f
     need = (spec.workers + spec.failure.spares) * spec.resources.cpu
     cpus = num_cpus or max(os.cpu_count() or 1, int(need + 0.999))
     ray.init(
+        address="local",  # always a new local instance, even if a cluster runs here
         num_cpus=cpus,
         namespace="stalwart",
         include_dashboard=False,

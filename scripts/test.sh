@@ -8,13 +8,7 @@ if ! command -v promtool >/dev/null; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq prometheus >/dev/null
 fi
-PY=${PYTHON:-python3.11}
-command -v "$PY" >/dev/null || PY=python3
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-. .venv/bin/activate
-python -m pip install -q --upgrade pip
-python -m pip install -q torch==2.13.0
-python -m pip install -q -e '.[test]'
+. scripts/venv.sh '[test]'
 ruff check .
 ruff format --check .
 set +e

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,20 @@ def small_spec(**changes: Any) -> dict[str, Any]:
             node = node.setdefault(p, {})
         node[leaf] = value
     return spec
+
+
+def stalwart_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run the `stalwart` CLI as a user would, in the repository, with no RAY_ADDRESS."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 @pytest.fixture(scope="session")

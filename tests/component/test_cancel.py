@@ -32,7 +32,11 @@ def test_ctrl_c_cancels_and_reports(tmp_path, ray_address):
     env = {**os.environ, "RAY_ADDRESS": ray_address}
     proc = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", "run", str(spec_path), "--output", str(out)],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         stdin=subprocess.DEVNULL,
     )
     try:

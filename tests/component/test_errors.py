@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -13,20 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.component.conftest import REPO, SMALL, small_spec
+from tests.component.conftest import REPO, SMALL, small_spec, stalwart_cli
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(300)]
 
 
-def stalwart(*args: str, cwd: Path = REPO, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+def stalwart(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return stalwart_cli(*args, timeout=timeout)
 
 
 def write_spec(path: Path, spec: dict) -> Path:

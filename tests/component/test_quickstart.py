@@ -3,28 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-from tests.component.conftest import REPO
+from tests.component.conftest import stalwart_cli
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(600)]
 
 
 def stalwart(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-        stdin=subprocess.DEVNULL,
-    )
+    return stalwart_cli(*args, timeout=540)
 
 
 def test_quickstart_kill_recovers_to_the_failure_free_model(tmp_path):
