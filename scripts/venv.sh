@@ -1,5 +1,5 @@
 # Sourced by quickstart.sh and test.sh: create .venv with Python 3.11 and install stalwart
-# with the extras in $1 (pinned versions from pyproject.toml).
+# with the extras named in $EXTRAS, e.g. "[test]" (pinned versions from pyproject.toml).
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
@@ -7,4 +7,4 @@ command -v "$PY" >/dev/null || PY=python3
 python -m pip install -q --upgrade pip
 # torch first, pinned: a looser resolution would download several GB of CUDA wheels.
 python -m pip install -q torch==2.13.0
-python -m pip install -q -e ".${1:-}"
+python -m pip install -q -e ".${EXTRAS:-}"
