@@ -56,30 +56,28 @@ class ProgressView:
         (t0, s0), (t1, s1) = self._window[0], self._window[-1]
         return (s1 - s0) / (t1 - t0) if t1 > t0 and s1 >= s0 else None
 
-    def _render(self) -> Table:
+    def _render(self) -> Text:
         p = self._last
-        grid = Table.grid(padding=(0, 2))
         if not p:
-            grid.add_row(Text(f"{self.name}: starting", style="dim"))
-            return grid
+            return Text(f"{self.name}: starting", style="dim")
         state = p["state"]
         total = p["total_steps"]
         done = p["step"]
-        width = 30
+        width = 12
         fill = int(width * done / total) if total else 0
-        bar = "█" * fill + "░" * (width - fill)
         rate = self._rate()
         loss = p.get("loss")
-        grid.add_row(
-            Text(self.name, style="bold"),
-            Text(state, style=_STATE_STYLE.get(state, "cyan")),
-            Text(f"{bar} {done}/{total}"),
-            Text(f"{rate:.2f} steps/s" if rate is not None else "- steps/s"),
-            Text(f"loss {loss:.4f}" if loss is not None else "loss -"),
-            Text(f"committed {p.get('committed_step')}"),
-            Text(f"failures {p['failures']}", style="red" if p["failures"] else "dim"),
-        )
-        return grid
+        committed = p.get("committed_step")
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append(f"{self.name} ", style="bold")
+        line.append(state, style=_STATE_STYLE.get(state, "cyan"))
+        line.append(f" {'█' * fill}{'░' * (width - fill)} {done}/{total}")
+        line.append(f"  {rate:.2f} steps/s" if rate is not None else "  - steps/s")
+        line.append(f"  loss {loss:.4f}" if loss is not None else "  loss -")
+        line.append(f"  failures {p['failures']}", style="red" if p["failures"] else "")
+        line.append(f"  ckpt {committed if committed is not None else '-'}")
+        line.truncate(max(20, self.console.width - 1), overflow="ellipsis")
+        return line
 
 
 def _event_line(e: dict[str, Any]) -> Text | None:

@@ -116,7 +116,8 @@ class JobSupervisor:
     def progress(self) -> dict[str, Any]:
         with self._lock:
             beats = [b for b in self.beats.values() if b.get("generation") == self.generation]
-            steps = [b["step"] for b in beats]
+            # A finished rank stops beating; its outcome holds its last step.
+            steps = [b["step"] for b in beats] + [o["step"] for o in self.finished.values()]
             losses = [b["metrics"]["loss"] for b in beats if "loss" in b.get("metrics", {})]
             return {
                 "state": self.sm.state.value,
