@@ -139,6 +139,8 @@ class JobSpec(_Model):
 
     def model_post_init(self, _ctx: Any) -> None:
         r = self.resources
+        if self.backend == "nccl" and not r.gpu:
+            raise ValueError("backend: nccl needs GPUs, but resources.gpu is 0")
         if not (r.cpu or r.gpu or any(r.custom.values())):
             raise ValueError("resources: a worker must ask for some cpu, gpu or custom resource")
         for i, fault in enumerate(self.chaos.faults):
@@ -152,6 +154,9 @@ class JobSpec(_Model):
                 )
 
     def resolved_backend(self, cuda_available: bool) -> str:
+        """The backend a worker uses, given whether it sees CUDA (asked on the worker)."""
+        if self.backend == "nccl" and not cuda_available:
+            raise ValueError("backend: nccl needs CUDA, and this worker sees no CUDA device")
         if self.backend != "auto":
             return self.backend
         return "nccl" if self.resources.gpu > 0 and cuda_available else "gloo"

@@ -25,6 +25,7 @@ from ckpt.snapshot import Snapshot
 from orchestrator.collective import ElasticGroup, GroupAborted, make_ddp
 from orchestrator.context import TrainContext
 from orchestrator.entrypoint import load_entrypoint
+from orchestrator.spec import JobSpec
 
 HEARTBEAT_INTERVAL_S = 0.25
 
@@ -71,10 +72,7 @@ class TrainWorker:
         cpus = spec["resources"]["cpu"]
         torch.set_num_threads(max(1, int(cpus)))
         self.fn = load_entrypoint(spec["entrypoint"], base_dir)
-        gpus = spec["resources"]["gpu"]
-        self.backend = "gloo"
-        if spec["backend"] == "nccl" or (spec["backend"] == "auto" and gpus > 0):
-            self.backend = "nccl" if torch.cuda.is_available() else "gloo"
+        self.backend = JobSpec.model_validate(spec).resolved_backend(torch.cuda.is_available())
         self.device = torch.device("cuda", 0) if self.backend == "nccl" else torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)

@@ -74,12 +74,24 @@ def test_spec_is_frozen():
         ("auto", 1, False, "gloo"),
         ("auto", 1, True, "nccl"),
         ("gloo", 1, True, "gloo"),
-        ("nccl", 0, False, "nccl"),
+        ("nccl", 1, True, "nccl"),
     ],
 )
 def test_resolved_backend(backend, gpu, cuda, expected):
     spec = validate(spec_with(backend=backend, resources={"gpu": gpu}))
     assert spec.resolved_backend(cuda) == expected
+
+
+def test_nccl_on_a_worker_without_cuda_is_an_error():
+    spec = validate(spec_with(backend="nccl", resources={"gpu": 1}))
+    with pytest.raises(ValueError, match="backend: nccl needs CUDA"):
+        spec.resolved_backend(False)
+
+
+def test_nccl_without_gpus_is_rejected():
+    assert errors_of(spec_with(backend="nccl")) == [
+        "backend: nccl needs GPUs, but resources.gpu is 0"
+    ]
 
 
 def test_chaos_fault_parses():
