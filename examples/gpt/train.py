@@ -12,11 +12,11 @@ def train_loop(ctx) -> None:
     batch = int(ctx.config.get("batch_size", 16))
     lr = float(ctx.config.get("lr", 3e-3))
 
-    model = ctx.prepare_model(GPT(cfg))
+    model = ctx.prepare_model(GPT(cfg))  # DDP whose all-reduce survives recoveries
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    ctx.register(model=model, optimizer=optimizer)
+    ctx.register(model=model, optimizer=optimizer)  # what is checkpointed (+ RNG, step)
 
-    for step in ctx.steps():
+    for step in ctx.steps():  # starts after the last committed step
         inputs, targets = synthetic_batch(step, ctx.rank, batch, cfg, ctx.seed, ctx.device)
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model, inputs, targets)
