@@ -25,3 +25,23 @@ def raising_loop(ctx) -> None:
 
 
 not_callable = 42
+
+
+def slow_step_loop(ctx) -> None:
+    """The GPT loop, except that rank `slow_rank` spends `slow_s` seconds outside any
+    collective after step `slow_at` (a long data load, say), in the first generation only."""
+    import time
+
+    original = ctx.report
+
+    def report(**metrics):
+        original(**metrics)
+        if (
+            ctx.rank == ctx.config["slow_rank"]
+            and ctx.progress.step + 1 == ctx.config["slow_at"]
+            and ctx.generation == 1
+        ):
+            time.sleep(ctx.config["slow_s"])  # the workload: a step that takes this long
+
+    ctx.report = report
+    gpt_loop(ctx)

@@ -104,3 +104,24 @@ def test_warm_spare_takes_the_lost_rank(run, baseline):
     # The used spare's place is refilled with a new spare in the lost rank's bundle.
     ready = [e for e in result["events"] if e["type"] == "spare_ready"]
     assert [e["bundle"] for e in ready][:1] == [4]
+
+
+def test_survivor_stuck_outside_collectives_is_replaced(run, baseline):
+    # Rank 1 dies at step 10 while rank 0 is busy for 60 s in step 9 outside any collective:
+    # rank 0 cannot leave its loop within abort_timeout_s, so it is replaced too.
+    spec = small_spec(
+        entrypoint="tests/component/loops.py:slow_step_loop",
+        config__slow_rank=0,
+        config__slow_at=10,
+        config__slow_s=60,
+        failure__abort_timeout_s=3,
+        chaos__faults=[kill(1, 10)],
+    )
+    result = run(spec)
+    assert result["status"] == "succeeded", result["error"]
+    [timeout] = [e for e in result["events"] if e["type"] == "abort_timeout"]
+    assert timeout["rank"] == 0
+    [recovered] = [e for e in result["events"] if e["type"] == "recovered"]
+    assert recovered["replaced"] == [0, 1]
+    clean = small_spec(entrypoint="examples.gpt.train:train_loop")
+    assert result["model_digest"] == baseline(clean)["model_digest"]
