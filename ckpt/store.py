@@ -8,9 +8,13 @@ size, so steady-state checkpointing allocates nothing.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -38,6 +42,8 @@ class ShardStore(Protocol):
     def drop_below(self, step: int) -> int: ...
 
     def drop_above(self, step: int) -> int: ...
+
+    def close(self) -> None: ...
 
 
 class MemoryShardStore:
@@ -97,3 +103,146 @@ class MemoryShardStore:
     def nbytes(self) -> int:
         with self._lock:
             return sum(s.nbytes for s in self._shards.values())
+
+    def close(self) -> None:
+        with self._lock:
+            self._shards.clear()
+            self._free.clear()
+
+
+@dataclass
+class _Slot:
+    path: str
+    nbytes: int
+    array: np.ndarray  # the store's own mapping of the file
+
+
+class ShmShardStore:
+    """Shards in files under a shared-memory directory that the store's process owns.
+
+    A worker on the same machine copies its snapshot straight into a slot file the store
+    reserved for it (one memcpy, no serialization, no object-store round trip) and then
+    commits it. The files belong to the store, not to the worker: they outlive a killed
+    worker, as DLRover's flash checkpoints do. Slots of dropped versions are reused.
+    """
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._shards: dict[tuple[int, int], tuple[Snapshot, _Slot]] = {}
+        self._free: dict[int, list[_Slot]] = defaultdict(list)
+        self._reserved: dict[str, tuple[int, _Slot]] = {}
+        self._lock = threading.Lock()
+        self._count = 0
+
+    @staticmethod
+    def usable(root: str | Path, need_bytes: int = 1 << 30) -> bool:
+        """Is `root`'s file system there, writable and roomy enough (a small /dev/shm, as in
+        a default container, is not)?"""
+        root = Path(root)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            st = os.statvfs(root)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize >= need_bytes and os.access(root, os.W_OK)
+
+    def reserve(self, rank: int, nbytes: int) -> str:
+        """A slot file of `nbytes` for `rank` to write into; returns its path."""
+        with self._lock:
+            free = self._free[rank]
+            for i, slot in enumerate(free):
+                if slot.nbytes == nbytes:
+                    del free[i]
+                    self._reserved[slot.path] = (rank, slot)
+                    return slot.path
+            self._count += 1
+            path = str(self.root / f"r{rank}-{self._count}")
+        with open(path, "wb") as f:
+            f.truncate(max(nbytes, 1))
+        array = np.memmap(path, dtype=np.uint8, mode="r+", shape=(max(nbytes, 1),))[:nbytes]
+        slot = _Slot(path, nbytes, array)
+        with self._lock:
+            self._reserved[path] = (rank, slot)
+        return path
+
+    def commit(self, rank: int, step: int, skeleton: bytes, metas: tuple, path: str) -> ShardInfo:
+        """The worker finished writing `path`: it now holds `rank`'s shard of `step`."""
+        with self._lock:
+            owner, slot = self._reserved.pop(path)
+            assert owner == rank, f"slot {path} was reserved by rank {owner}, not {rank}"
+            snap = Snapshot(step, bytes(skeleton), tuple(metas), slot.array)
+            old = self._shards.pop((rank, step), None)
+            self._shards[(rank, step)] = (snap, slot)
+            if old is not None:
+                self._free[rank].append(old[1])
+        return ShardInfo(rank, step, slot.nbytes)
+
+    def put(self, rank: int, snapshot: Snapshot) -> ShardInfo:
+        src = np.asarray(snapshot.payload, dtype=np.uint8).reshape(-1)
+        path = self.reserve(rank, src.nbytes)
+        with self._lock:
+            slot = self._reserved[path][1]
+        np.copyto(slot.array, src)
+        return self.commit(rank, snapshot.step, snapshot.skeleton, snapshot.metas, path)
+
+    def get(self, rank: int, step: int) -> Snapshot | None:
+        with self._lock:
+            entry = self._shards.get((rank, step))
+        if entry is None:
+            return None
+        snap, slot = entry
+        # A plain ndarray view: serializers copy its bytes, never the mapping.
+        return Snapshot(snap.step, snap.skeleton, snap.metas, slot.array.view(np.ndarray))
+
+    def stored(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = defaultdict(list)
+        with self._lock:
+            for rank, step in self._shards:
+                out[rank].append(step)
+        return {r: sorted(s) for r, s in out.items()}
+
+    def _drop(self, keep) -> int:
+        unlink = []
+        with self._lock:
+            gone = [k for k in self._shards if not keep(k[1])]
+            for k in gone:
+                _, slot = self._shards.pop(k)
+                self._free[k[0]].append(slot)
+            # Two spare slots per rank cover steady state; give the rest back to the OS.
+            for free in self._free.values():
+                while len(free) > 2:
+                    unlink.append(free.pop(0).path)
+        for path in unlink:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        return len(gone)
+
+    def drop_below(self, step: int) -> int:
+        return self._drop(lambda s: s >= step)
+
+    def drop_above(self, step: int) -> int:
+        return self._drop(lambda s: s <= step)
+
+    def release(self, rank: int) -> None:
+        """A rank's worker is gone: its unfinished reservations are free again."""
+        with self._lock:
+            for path, (owner, slot) in list(self._reserved.items()):
+                if owner == rank:
+                    del self._reserved[path]
+                    self._free[rank].append(slot)
+
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(slot.nbytes for _, slot in self._shards.values())
+
+    def close(self) -> None:
+        """Delete every file (the store's process is going away)."""
+        with self._lock:
+            self._shards.clear()
+            self._free.clear()
+            self._reserved.clear()
+        shutil.rmtree(self.root, ignore_errors=True)
+        # The job's directory goes with its last node store on this machine.
+        with contextlib.suppress(OSError):
+            self.root.parent.rmdir()

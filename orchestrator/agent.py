@@ -7,18 +7,29 @@ nodes, not ranks.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
 
 from ckpt.snapshot import Snapshot
-from ckpt.store import MemoryShardStore, ShardInfo
+from ckpt.store import MemoryShardStore, ShardInfo, ShmShardStore
+
+SHM_ROOT = "/dev/shm/stalwart"
 
 
 class NodeAgent:
-    def __init__(self, node_id: str):
+    def __init__(self, node_id: str, store_key: str, shm_root: str | None = SHM_ROOT):
         self.node_id = node_id
-        self.store = MemoryShardStore()
+        # Shared-memory slot files when this machine has room for them (workers write into
+        # them directly); otherwise shards travel through Ray and live in this process.
+        root = os.path.join(shm_root, store_key, node_id[:16]) if shm_root else None
+        if root and ShmShardStore.usable(os.path.dirname(root)):
+            self.store: MemoryShardStore | ShmShardStore = ShmShardStore(root)
+            self.transport = "shm"
+        else:
+            self.store = MemoryShardStore()
+            self.transport = "ray"
         self._lock = threading.Lock()
         self._beats: dict[int, dict[str, Any]] = {}
         self._faults: list[dict[str, Any]] = []
@@ -27,6 +38,23 @@ class NodeAgent:
 
     def ping(self) -> str:
         return self.node_id
+
+    def store_transport(self) -> str:
+        """'shm': write shards into reserve_slot()'s file; 'ray': send them to put_shard()."""
+        return self.transport
+
+    def reserve_slot(self, rank: int, nbytes: int) -> str:
+        return self.store.reserve(rank, nbytes)
+
+    def commit_slot(
+        self, rank: int, step: int, skeleton: bytes, metas: tuple, path: str
+    ) -> ShardInfo:
+        t0 = time.perf_counter()
+        info = self.store.commit(rank, step, skeleton, metas, path)
+        with self._lock:
+            self._put_seconds += time.perf_counter() - t0
+            self._puts += 1
+        return info
 
     def put_shard(self, rank: int, snapshot: Snapshot) -> ShardInfo:
         t0 = time.perf_counter()
@@ -51,6 +79,12 @@ class NodeAgent:
     def forget(self, rank: int) -> None:
         with self._lock:
             self._beats.pop(rank, None)
+        if isinstance(self.store, ShmShardStore):
+            self.store.release(rank)
+
+    def close(self) -> None:
+        """Free the node's shards (their shared-memory files) before the agent goes away."""
+        self.store.close()
 
     def prune(self, below: int | None = None, above: int | None = None) -> int:
         dropped = 0

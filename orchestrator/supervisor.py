@@ -11,6 +11,7 @@ import datetime
 import logging
 import threading
 import time
+import uuid
 from collections import defaultdict
 from typing import Any
 
@@ -73,6 +74,7 @@ class JobSupervisor:
         self.user_errors = 0
         self.error: dict[str, Any] | None = None
         self.started_at = time.time()
+        self.store_key = f"{self.spec.name}-{uuid.uuid4().hex[:12]}"
         self.running_since: float | None = None
         self.ended_at: float | None = None
         self._store = None
@@ -195,7 +197,7 @@ class JobSupervisor:
                     max_concurrency=32,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
                 )
-                .remote(node)
+                .remote(node, self.store_key)
             )
         return self.agents[node]
 
@@ -652,6 +654,9 @@ class JobSupervisor:
         spares = [a for a, _ in self.spares] + [a for a, _ in self.spares_starting.values()]
         for worker in [*self.workers.values(), *spares]:
             ray.kill(worker, no_restart=True)
+        # Agents delete their shared-memory files; one that is gone took them with its node.
+        closing = [agent.close.remote() for agent in self.agents.values()]
+        ray.wait(closing, num_returns=len(closing), timeout=10)
         for agent in self.agents.values():
             ray.kill(agent, no_restart=True)
         if self.pg is not None:

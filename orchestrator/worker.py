@@ -16,6 +16,7 @@ import time
 import traceback
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 import torch.distributed as dist
@@ -77,6 +78,8 @@ class TrainWorker:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.group = ElasticGroup()
+        self._transport: str | None = None
+        self._maps: dict[str, np.ndarray] = {}  # slot file -> this process's mapping
         self.pipeline = SnapshotPipeline(self._send, pin_memory=self.device.type == "cuda")
         self.ctx: TrainContext | None = None
         self.generation = 0
@@ -227,10 +230,23 @@ class TrainWorker:
 
     def _send(self, snap: Snapshot) -> None:
         payload = snap.payload.numpy() if isinstance(snap.payload, torch.Tensor) else snap.payload
+        if self._transport is None:
+            self._transport = ray.get(self.agent.store_transport.remote())
+        if self._transport == "ray":
+            shard = Snapshot(snap.step, snap.skeleton, snap.metas, payload)
+            ray.get(self.agent.put_shard.remote(self.rank, shard))
+            return
+        # Shared memory: one copy into the agent's slot file, then a small commit call.
+        path = ray.get(self.agent.reserve_slot.remote(self.rank, payload.nbytes))
+        mapped = self._maps.pop(path, None)
+        if mapped is None:
+            mapped = np.memmap(path, dtype=np.uint8, mode="r+", shape=(max(payload.nbytes, 1),))
+        self._maps[path] = mapped  # most recently used last
+        while len(self._maps) > 8:
+            self._maps.pop(next(iter(self._maps)))
+        np.copyto(mapped[: payload.nbytes], payload)
         ray.get(
-            self.agent.put_shard.remote(
-                self.rank, Snapshot(snap.step, snap.skeleton, snap.metas, payload)
-            )
+            self.agent.commit_slot.remote(self.rank, snap.step, snap.skeleton, snap.metas, path)
         )
 
     def _fetch(self, source: Any, step: int) -> Snapshot | None:

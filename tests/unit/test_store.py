@@ -169,3 +169,65 @@ def test_skeleton_is_owned_bytes():
     s.skeleton[:] = b"\x00" * len(s.skeleton)
     assert isinstance(store.get(0, 1).skeleton, bytes)
     assert torch.equal(value_of(store.get(0, 1)), torch.full((16,), 1.0))
+
+
+# --- ShmShardStore ----------------------------------------------------------------------------
+
+from ckpt.store import ShmShardStore  # noqa: E402
+
+
+def _write_slot(store, rank, step, data: bytes):
+    """What a worker does: write into the reserved file through its own mapping, commit."""
+    path = store.reserve(rank, len(data))
+    mm = np.memmap(path, dtype=np.uint8, mode="r+", shape=(len(data),))
+    mm[:] = np.frombuffer(data, dtype=np.uint8)
+    del mm  # the writer goes away (a killed worker): the file stays with the store
+    store.commit(rank, step, b"skel", (), path)
+    return path
+
+
+def test_shm_store_round_trip_survives_the_writer(tmp_path):
+    store = ShmShardStore(tmp_path / "node")
+    _write_slot(store, 1, 5, b"abcdef")
+    snap = store.get(1, 5)
+    assert bytes(snap.payload) == b"abcdef"
+    assert type(snap.payload) is np.ndarray  # not a memmap: serializers copy bytes
+    assert store.stored() == {1: [5]}
+    assert store.nbytes() == 6
+
+
+def test_shm_store_reuses_slots_of_dropped_steps(tmp_path):
+    store = ShmShardStore(tmp_path / "node")
+    first = _write_slot(store, 0, 1, b"x" * 64)
+    _write_slot(store, 0, 2, b"y" * 64)
+    store.drop_below(2)
+    assert store.stored() == {0: [2]}
+    assert store.reserve(0, 64) == first  # the dropped step's file, reused
+
+
+def test_shm_store_frees_extra_slots(tmp_path):
+    store = ShmShardStore(tmp_path / "node")
+    paths = [_write_slot(store, 0, s, b"z" * 8) for s in range(6)]
+    store.drop_below(6)
+    on_disk = sorted(p.name for p in (tmp_path / "node").iterdir())
+    assert len(on_disk) == 2  # two spare slots kept per rank, the rest unlinked
+    assert {str(tmp_path / "node" / n) for n in on_disk} <= set(paths)
+
+
+def test_shm_store_release_returns_unfinished_reservations(tmp_path):
+    store = ShmShardStore(tmp_path / "node")
+    path = store.reserve(3, 16)  # the worker died before committing
+    store.release(3)
+    assert store.stored() == {}
+    assert store.reserve(3, 16) == path
+
+
+def test_shm_store_close_removes_files(tmp_path):
+    store = ShmShardStore(tmp_path / "job" / "node")
+    _write_slot(store, 0, 1, b"data")
+    store.close()
+    assert not (tmp_path / "job").exists()
+
+
+def test_shm_store_usable():
+    assert ShmShardStore.usable("/proc/stalwart-not-here") is False
