@@ -1,0 +1,1 @@
+"""Benchmarks for stalwart (run as scripts; see docs/benchmarks.md)."""
