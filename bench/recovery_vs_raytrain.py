@@ -64,6 +64,7 @@ DEFAULT_PHASES = (
     "stalwart-steady",
     "raytrain-steady",
     "stalwart-kill",
+    "stalwart-kill-cold",
     "raytrain-kill",
 )
 # Opt-in diagnostic: stalwart with its snapshot only every --ckpt-every steps (as Ray Train's),
@@ -236,7 +237,11 @@ def stalwart_timed_loop(ctx: Any) -> None:
 
 
 def phase_stalwart(
-    args: argparse.Namespace, work: Path, kill: bool, every: int | None = None
+    args: argparse.Namespace,
+    work: Path,
+    kill: bool,
+    every: int | None = None,
+    spares: int | None = None,
 ) -> dict[str, Any]:
     from orchestrator.driver import RunOptions, run_job
     from orchestrator.spec import load_spec
@@ -246,6 +251,8 @@ def phase_stalwart(
     overrides = [f"steps={args.steps}", f"workers={args.workers}"]
     if every is not None:
         overrides.append(f"checkpoint.every_steps={every}")
+    if spares is not None:
+        overrides.append(f"failure.spares={spares}")
     if kill:
         overrides.append(
             f"chaos.faults=[{{kind: kill_worker, rank: {args.kill_rank}, "
@@ -814,8 +821,15 @@ def _get(rec: dict[str, Any] | None, *path: str) -> Any:
 
 def summarize(res: dict[str, dict[str, Any]]) -> dict[str, Any]:
     sk, rk = res.get("stalwart-kill"), res.get("raytrain-kill")
+    cold = res.get("stalwart-kill-cold")
     out = {
-        "raytrain_over_stalwart_recovery": _ratio(_get(rk, "recovery_s"), _get(sk, "recovery_s"))
+        "raytrain_over_stalwart_recovery": _ratio(_get(rk, "recovery_s"), _get(sk, "recovery_s")),
+        "raytrain_over_stalwart_cold_recovery": _ratio(
+            _get(rk, "recovery_s"), _get(cold, "recovery_s")
+        ),
+        "stalwart_cold_over_spare_recovery": _ratio(
+            _get(cold, "recovery_s"), _get(sk, "recovery_s")
+        ),
     }
     plain = res.get("plain-ddp")
     for key, name in (
@@ -855,6 +869,9 @@ def render(res: dict[str, dict[str, Any]], ratios: dict[str, Any], args: argpars
         f"{_fmt(sk.get('wall_incl_ray_start_s'), '.1f'):>{w}}"
         f"{_fmt(rk.get('wall_incl_ray_start_s'), '.1f'):>{w}}",
         f"{'status':44}{_fmt(sk.get('status')):>{w}}{_fmt(rk.get('status')):>{w}}",
+        f"stalwart without a warm spare (cold replacement): recovery "
+        f"{_fmt(res.get('stalwart-kill-cold', {}).get('recovery_s'))} s, phases "
+        f"{res.get('stalwart-kill-cold', {}).get('phases_s')}",
         "",
         f"Steady state, no failure: s/step on rank 0, first {args.warmup} steps skipped",
     ]
@@ -895,6 +912,10 @@ def render(res: dict[str, dict[str, Any]], ratios: dict[str, Any], args: argpars
         "Ratios",
         f"  Ray Train recovery / stalwart recovery    "
         f"{_fmt(ratios['raytrain_over_stalwart_recovery'], '.1f')}x   (goal >= 10x)",
+        f"  Ray Train recovery / stalwart cold replacement (no spare)   "
+        f"{_fmt(ratios['raytrain_over_stalwart_cold_recovery'], '.1f')}x",
+        f"  stalwart cold replacement / warm spare    "
+        f"{_fmt(ratios['stalwart_cold_over_spare_recovery'], '.1f')}x",
     ]
     for key, label, goal in (
         ("stalwart", "stalwart s/step / plain DDP s/step", "   (goal <= 1.05)"),
@@ -988,6 +1009,8 @@ def run_phase_here(args: argparse.Namespace) -> int:
             args, args.work, kill=False, every=args.ckpt_every
         ),
         "stalwart-kill": lambda: phase_stalwart(args, args.work, kill=True),
+        # The same kill with no warm spare: the replacement is a new process (cold start).
+        "stalwart-kill-cold": lambda: phase_stalwart(args, args.work, kill=True, spares=0),
         "raytrain-steady": lambda: phase_raytrain(args, args.work, kill=False),
         "raytrain-kill": lambda: phase_raytrain(args, args.work, kill=True),
     }
