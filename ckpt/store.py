@@ -224,12 +224,13 @@ class ShmShardStore:
     def drop_above(self, step: int) -> int:
         return self._drop(lambda s: s <= step)
 
-    def release(self, rank: int) -> None:
-        """A rank's worker is gone: its unfinished reservations are free again."""
+    def release(self, rank: int, path: str | None = None) -> None:
+        """Unfinished reservations of `rank` (all of them, or `path`) are free again: its
+        worker is gone, or will not use the slot."""
         with self._lock:
-            for path, (owner, slot) in list(self._reserved.items()):
-                if owner == rank:
-                    del self._reserved[path]
+            for reserved, (owner, slot) in list(self._reserved.items()):
+                if owner == rank and path in (None, reserved):
+                    del self._reserved[reserved]
                     self._free[rank].append(slot)
 
     def nbytes(self) -> int:

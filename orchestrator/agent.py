@@ -33,6 +33,7 @@ class NodeAgent:
         self._lock = threading.Lock()
         self._beats: dict[int, dict[str, Any]] = {}
         self._faults: list[dict[str, Any]] = []
+        self._layouts: dict[int, tuple] = {}  # rank -> tensor layout of its last shard
         self._put_seconds = 0.0
         self._puts = 0
 
@@ -46,15 +47,32 @@ class NodeAgent:
     def reserve_slot(self, rank: int, nbytes: int) -> str:
         return self.store.reserve(rank, nbytes)
 
+    def release_slot(self, rank: int, path: str) -> None:
+        """A reserved slot the worker will not use (its state changed size)."""
+        self.store.release(rank, path)
+
     def commit_slot(
-        self, rank: int, step: int, skeleton: bytes, metas: tuple, path: str
-    ) -> ShardInfo:
+        self,
+        rank: int,
+        step: int,
+        skeleton: bytes,
+        metas: tuple | None,
+        path: str,
+        reserve_next: int | None = None,
+    ) -> tuple[ShardInfo, str | None]:
+        """Commit `path` as `rank`'s shard of `step`. `metas=None`: the same tensor layout as
+        this rank's previous shard. With `reserve_next`, the reply also carries the next
+        slot of that size, saving the worker a call per snapshot."""
         t0 = time.perf_counter()
+        if metas is None:
+            metas = self._layouts[rank]
+        self._layouts[rank] = metas
         info = self.store.commit(rank, step, skeleton, metas, path)
+        following = self.store.reserve(rank, reserve_next) if reserve_next is not None else None
         with self._lock:
             self._put_seconds += time.perf_counter() - t0
             self._puts += 1
-        return info
+        return info, following
 
     def put_shard(self, rank: int, snapshot: Snapshot) -> ShardInfo:
         t0 = time.perf_counter()

@@ -502,8 +502,13 @@ class JobSupervisor:
         for rank in sorted(replace):
             ray.kill(self.workers[rank], no_restart=True)
             self.beats.pop(rank, None)
-            for agent in self.agents.values():
-                agent.forget.remote(rank)
+            # Synchronously: the lost rank's slot reservations must be released before its
+            # successor reserves its own.
+            ray.wait(
+                [a.forget.remote(rank) for a in self.agents.values()],
+                num_returns=len(self.agents),
+                timeout=5,
+            )
             freed = self.bundle_of[rank]
             while self.spares:
                 actor, bundle_index = self.spares.pop(0)

@@ -80,6 +80,8 @@ class TrainWorker:
         self.group = ElasticGroup()
         self._transport: str | None = None
         self._maps: dict[str, np.ndarray] = {}  # slot file -> this process's mapping
+        self._next_slot: tuple[str, int] | None = None  # reserved ahead: (path, nbytes)
+        self._sent_metas: tuple | None = None  # the layout the agent already has
         self.pipeline = SnapshotPipeline(self._send, pin_memory=self.device.type == "cuda")
         self.ctx: TrainContext | None = None
         self.generation = 0
@@ -236,8 +238,17 @@ class TrainWorker:
             shard = Snapshot(snap.step, snap.skeleton, snap.metas, payload)
             ray.get(self.agent.put_shard.remote(self.rank, shard))
             return
-        # Shared memory: one copy into the agent's slot file, then a small commit call.
-        path = ray.get(self.agent.reserve_slot.remote(self.rank, payload.nbytes))
+        # Shared memory: one copy into a slot file the agent reserved (usually in the reply
+        # to the previous commit), then one small commit call.
+        path, self._next_slot = self._next_slot, None
+        if path is None or path[1] != payload.nbytes:
+            if path is not None:
+                self.agent.release_slot.remote(self.rank, path[0])
+            path = (
+                ray.get(self.agent.reserve_slot.remote(self.rank, payload.nbytes)),
+                payload.nbytes,
+            )
+        path = path[0]
         mapped = self._maps.pop(path, None)
         if mapped is None:
             mapped = np.memmap(path, dtype=np.uint8, mode="r+", shape=(max(payload.nbytes, 1),))
@@ -245,9 +256,14 @@ class TrainWorker:
         while len(self._maps) > 8:
             self._maps.pop(next(iter(self._maps)))
         np.copyto(mapped[: payload.nbytes], payload)
-        ray.get(
-            self.agent.commit_slot.remote(self.rank, snap.step, snap.skeleton, snap.metas, path)
+        metas = None if snap.metas == self._sent_metas else snap.metas
+        _, following = ray.get(
+            self.agent.commit_slot.remote(
+                self.rank, snap.step, snap.skeleton, metas, path, reserve_next=payload.nbytes
+            )
         )
+        self._sent_metas = snap.metas
+        self._next_slot = (following, payload.nbytes)
 
     def _fetch(self, source: Any, step: int) -> Snapshot | None:
         return ray.get((source or self.agent).get_shard.remote(self.rank, step))

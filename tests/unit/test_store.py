@@ -231,3 +231,13 @@ def test_shm_store_close_removes_files(tmp_path):
 
 def test_shm_store_usable():
     assert ShmShardStore.usable("/proc/stalwart-not-here") is False
+
+
+def test_shm_store_release_one_reservation(tmp_path):
+    store = ShmShardStore(tmp_path / "node")
+    kept = store.reserve(0, 8)
+    dropped = store.reserve(0, 16)  # reserved ahead, then the state changed size
+    store.release(0, dropped)
+    assert store.reserve(0, 16) == dropped
+    store.commit(0, 1, b"s", (), kept)  # the other reservation is untouched
+    assert store.stored() == {0: [1]}
