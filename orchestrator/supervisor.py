@@ -586,7 +586,13 @@ class JobSupervisor:
                     "step": fault["step"] if fault else f.step,
                     "injected": fault is not None,
                     "error_type": f.error_type,
-                    "message": f.message,
+                    # Ray's text for a killed actor guesses at OOM; say what really happened.
+                    "message": (
+                        f"killed by chaos fault {fault['kind']} before step {fault['step']}"
+                        if fault
+                        else f.message
+                    ),
+                    "failed_at": t_fail,
                     "detected_at": f.at,
                     "detected_after_s": round(f.at - t_fail, 4) if t_fail else None,
                     "decided_after_s": round(decided_at - f.at, 4),
@@ -624,7 +630,7 @@ class JobSupervisor:
             first_step=first - restored,
         )
         for f in rec["failures"]:
-            origin = f["detected_at"] - (f["detected_after_s"] or 0.0)
+            origin = f["failed_at"] or f["detected_at"]
             f["recovered_after_s"] = round(first - origin, 4)
             f["phases_s"] = {k: round(v, 4) for k, v in phases.items()}
             f["phases_s"]["detect"] = f["detected_after_s"]
