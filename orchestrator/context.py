@@ -106,7 +106,6 @@ class TrainContext:
         config: dict[str, Any],
         group: ElasticGroup,
         pipeline: SnapshotPipeline,
-        fetch: Callable[[int], Snapshot | None],
         on_fault: Callable[[dict[str, Any]], None],
     ):
         self.rank = rank
@@ -121,7 +120,7 @@ class TrainContext:
         self.generation = 0
         self._every = every_steps
         self._pipeline = pipeline
-        self._fetch = fetch
+        self._fetch: Callable[[int], Snapshot | None] = lambda step: None
         self._on_fault = on_fault
         self._objects: dict[str, Any] = {}
         self._ddp: dict[int, torch.nn.Module] = {}
@@ -133,9 +132,17 @@ class TrainContext:
     # --- called by the worker between generations -------------------------------------------
 
     def begin_generation(
-        self, generation: int, restore_step: int | None, faults: list[dict[str, Any]]
+        self,
+        generation: int,
+        restore_step: int | None,
+        faults: list[dict[str, Any]],
+        local_rank: int,
+        fetch: Callable[[int], Snapshot | None],
     ) -> None:
+        """Set up the next call of the train loop; `fetch(step)` returns this rank's shard."""
         self.generation = generation
+        self.local_rank = local_rank
+        self._fetch = fetch
         self._restore_step = restore_step
         self._faults = [f for f in faults if f["rank"] == self.rank]
         self._interrupt = None

@@ -136,13 +136,16 @@ class TrainWorker:
                 config=self.spec["config"],
                 group=self.group,
                 pipeline=self.pipeline,
-                fetch=lambda step: self._fetch(restore_from, step),
                 on_fault=self._on_fault,
             )
         ctx = self.ctx
-        ctx._fetch = lambda step: self._fetch(restore_from, step)
-        ctx.local_rank = local_rank
-        ctx.begin_generation(generation, restore_step, faults)
+        ctx.begin_generation(
+            generation,
+            restore_step,
+            faults,
+            local_rank,
+            fetch=lambda step: self._fetch(restore_from, step),
+        )
         in_user_code = False
         try:
             if self.world_size > 1:
