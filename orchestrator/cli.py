@@ -107,12 +107,16 @@ def run(
     err = Console(stderr=True)
     spec = _load(file, overrides, err)
     base_dir = str(Path(file).resolve().parent)
-    try:
-        load_entrypoint(spec.entrypoint, base_dir)
-    except EntrypointError as e:
-        err.print(f"[red]error:[/red] {file}: entrypoint", highlight=False)
-        err.print(f"  {e}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(EXIT_USAGE)
+    # On this machine's embedded Ray the workers import exactly what we can: check it now.
+    # A remote cluster may have the code where we do not (its image, a runtime_env); there
+    # the workers report an entrypoint that does not import.
+    if not address:
+        try:
+            load_entrypoint(spec.entrypoint, base_dir)
+        except EntrypointError as e:
+            err.print(f"[red]error:[/red] {file}: entrypoint", highlight=False)
+            err.print(f"  {e}", markup=False, highlight=False, soft_wrap=True)
+            sys.exit(EXIT_USAGE)
     out = Path(output) if output else Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     opts = RunOptions(address=address, output=out, base_dir=base_dir, num_cpus=num_cpus)
     console = Console(stderr=fmt == "json")

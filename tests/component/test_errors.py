@@ -160,3 +160,13 @@ def test_yaml_is_loaded_safely(tmp_path):
     assert proc.returncode == 2
     assert "not valid YAML" in proc.stderr
     assert "pwned" not in proc.stdout
+
+
+def test_entrypoint_missing_on_the_cluster_is_reported_by_the_workers(run):
+    # On a cluster the driver does not check the entrypoint (the code may live in the
+    # cluster's image); the workers' import error ends the job with a clear message.
+    result = run(small_spec(entrypoint="no_such_pkg.train:loop"))
+    assert result["status"] == "failed"
+    message = result["error"]["message"]
+    assert "a worker failed to start" in message
+    assert "cannot import no_such_pkg.train: ModuleNotFoundError" in message
