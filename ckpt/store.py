@@ -29,6 +29,14 @@ class ShardInfo:
     nbytes: int
 
 
+def _steps_by_rank(keys) -> dict[int, list[int]]:
+    """{(rank, step), ...} -> {rank: [steps, ascending]}."""
+    out: dict[int, list[int]] = defaultdict(list)
+    for rank, step in keys:
+        out[rank].append(step)
+    return {r: sorted(s) for r, s in out.items()}
+
+
 class ShardStore(Protocol):
     """Where committed (and about-to-be-committed) shards live. Later tiers (peer replicas,
     durable storage) implement the same interface."""
@@ -76,11 +84,8 @@ class MemoryShardStore:
             return self._shards.get((rank, step))
 
     def stored(self) -> dict[int, list[int]]:
-        out: dict[int, list[int]] = defaultdict(list)
         with self._lock:
-            for rank, step in self._shards:
-                out[rank].append(step)
-        return {r: sorted(s) for r, s in out.items()}
+            return _steps_by_rank(self._shards)
 
     def _drop(self, keep) -> int:
         with self._lock:
@@ -88,10 +93,10 @@ class MemoryShardStore:
             for k in gone:
                 snap = self._shards.pop(k)
                 self._free[snap.nbytes].append(snap.payload)
-            # Bound the free pool: two spare buffers per size are enough for steady state.
-            for size, bufs in self._free.items():
-                del bufs[: max(0, len(bufs) - 2 * max(1, len({r for r, _ in self._shards})))]
-                self._free[size] = bufs
+            # Bound the free pool: two spare buffers per rank holding shards cover steady state.
+            keep_free = 2 * max(1, len({r for r, _ in self._shards}))
+            for bufs in self._free.values():
+                del bufs[: max(0, len(bufs) - keep_free)]
         return len(gone)
 
     def drop_below(self, step: int) -> int:
@@ -196,11 +201,8 @@ class ShmShardStore:
         return Snapshot(snap.step, snap.skeleton, snap.metas, slot.array.view(np.ndarray))
 
     def stored(self) -> dict[int, list[int]]:
-        out: dict[int, list[int]] = defaultdict(list)
         with self._lock:
-            for rank, step in self._shards:
-                out[rank].append(step)
-        return {r: sorted(s) for r, s in out.items()}
+            return _steps_by_rank(self._shards)
 
     def _drop(self, keep) -> int:
         unlink = []

@@ -34,8 +34,6 @@ class NodeAgent:
         self._beats: dict[int, dict[str, Any]] = {}
         self._faults: list[dict[str, Any]] = []
         self._layouts: dict[int, tuple] = {}  # rank -> tensor layout of its last shard
-        self._put_seconds = 0.0
-        self._puts = 0
 
     def ping(self) -> str:
         return self.node_id
@@ -63,24 +61,15 @@ class NodeAgent:
         """Commit `path` as `rank`'s shard of `step`. `metas=None`: the same tensor layout as
         this rank's previous shard. With `reserve_next`, the reply also carries the next
         slot of that size, saving the worker a call per snapshot."""
-        t0 = time.perf_counter()
         if metas is None:
             metas = self._layouts[rank]
         self._layouts[rank] = metas
         info = self.store.commit(rank, step, skeleton, metas, path)
         following = self.store.reserve(rank, reserve_next) if reserve_next is not None else None
-        with self._lock:
-            self._put_seconds += time.perf_counter() - t0
-            self._puts += 1
         return info, following
 
     def put_shard(self, rank: int, snapshot: Snapshot) -> ShardInfo:
-        t0 = time.perf_counter()
-        info = self.store.put(rank, snapshot)
-        with self._lock:
-            self._put_seconds += time.perf_counter() - t0
-            self._puts += 1
-        return info
+        return self.store.put(rank, snapshot)
 
     def get_shard(self, rank: int, step: int) -> Snapshot | None:
         return self.store.get(rank, step)
@@ -120,8 +109,5 @@ class NodeAgent:
                 "at": time.time(),
                 "beats": dict(self._beats),
                 "stored": self.store.stored(),
-                "store_bytes": self.store.nbytes(),
                 "faults": faults,
-                "puts": self._puts,
-                "put_seconds": self._put_seconds,
             }

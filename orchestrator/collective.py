@@ -169,20 +169,6 @@ class ElasticGroup:
     ) -> torch.Tensor:
         return self.all_reduce_async(tensor, op).wait()
 
-    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        pg = self._group()
-        opts = dist.BroadcastOptions()
-        opts.rootRank = src
-        opts.rootTensor = 0
-        return self._track(pg.broadcast([tensor], opts), lambda: tensor).wait()
-
-    def barrier(self) -> None:
-        t = torch.zeros(1, device=self._device_for_barrier())
-        self.all_reduce(t)
-
-    def _device_for_barrier(self) -> torch.device:
-        return torch.device("cuda") if self.backend == "nccl" else torch.device("cpu")
-
 
 class FlatGradReducer:
     """DDP comm hook state: collect all buckets, reduce once in parameter order, average."""

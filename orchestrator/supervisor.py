@@ -361,10 +361,7 @@ class JobSupervisor:
             )
             self.pending.append(f)
             return f
-        if out["outcome"] == "finished":
-            self.finished[rank] = out
-            return None
-        if out["outcome"] == "interrupted":
+        if out["outcome"] in ("finished", "interrupted"):
             self.finished[rank] = out
             return None
         kind = FailureKind.USER_ERROR if out["outcome"] == "user_error" else FailureKind.COMM_ERROR
@@ -465,7 +462,6 @@ class JobSupervisor:
 
         # 1. Release survivors: fail their collectives, unwind their loops.
         t0 = time.time()
-        live = {ref: r for ref, r in self.futures.items()}
         for rank, worker in self.workers.items():
             if rank not in replace:
                 worker.abort.remote(gen, reason)
@@ -493,7 +489,6 @@ class JobSupervisor:
             replace.add(rank)
         self.pending = [p for p in self.pending if p.kind is not FailureKind.COMM_ERROR]
         t_aborted = time.time()
-        del live
 
         # 2. Replace lost ranks: a warm spare if one is ready, else a new worker in the lost
         # rank's bundle. A used spare's place is refilled in the background.
