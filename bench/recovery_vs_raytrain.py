@@ -102,16 +102,18 @@ def _process_start_time() -> float | None:
         return None
 
 
-def _seed_all(seed: int) -> None:
-    # As stalwart's TrainContext does before every generation (the model init is then equal).
-    import random
+def _train_step(
+    model: Any, optimizer: Any, step: int, rank: int, wl: dict[str, Any], cfg: Any
+) -> float:
+    """One step of the quickstart's loop (examples/gpt/train.py), for the peers' workers."""
+    from examples.gpt.model import loss_fn, synthetic_batch
 
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    inputs, targets = synthetic_batch(step, rank, wl["batch"], cfg, wl["seed"])
+    optimizer.zero_grad(set_to_none=True)
+    loss = loss_fn(model, inputs, targets)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
 
 
 class _StepClock:
@@ -337,7 +339,8 @@ def _raytrain_loop(config: dict[str, Any]) -> None:
     from ray.train import Checkpoint
     from ray.train.torch import prepare_model
 
-    from examples.gpt.model import GPT, GPTConfig, loss_fn, synthetic_batch
+    from examples.gpt.model import GPT, GPTConfig
+    from orchestrator.context import seed_all  # the seeding stalwart's workers do
 
     entered = time.time()
     torch.set_num_threads(1)
@@ -350,7 +353,7 @@ def _raytrain_loop(config: dict[str, Any]) -> None:
     kill = config.get("kill")
     pid = os.getpid()
 
-    _seed_all(wl["seed"])
+    seed_all(wl["seed"])
     cfg = GPTConfig(**wl["model"])
     model = prepare_model(GPT(cfg))
     prepared_at = time.time()
@@ -394,12 +397,7 @@ def _raytrain_loop(config: dict[str, Any]) -> None:
                     _write_json(marks / "kill.json", {"t": time.time(), "rank": rank, "step": step})
                     os.kill(os.getpid(), _signal.SIGKILL)
             clock.step()
-            inputs, targets = synthetic_batch(step, rank, wl["batch"], cfg, wl["seed"])
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model, inputs, targets)
-            loss.backward()
-            optimizer.step()
-            loss_value = loss.item()
+            loss_value = _train_step(model, optimizer, step, rank, wl, cfg)
             if after_kill and step == start:
                 _write_json(
                     marks / f"first_step_r{rank}_p{pid}.json",
@@ -622,7 +620,8 @@ def _ddp_worker(
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from examples.gpt.model import GPT, GPTConfig, loss_fn, synthetic_batch
+    from examples.gpt.model import GPT, GPTConfig
+    from orchestrator.context import seed_all  # the seeding stalwart's workers do
 
     imported = time.time()
     torch.set_num_threads(1)
@@ -631,7 +630,7 @@ def _ddp_worker(
         "gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120)
     )
     group_ready = time.time()
-    _seed_all(wl["seed"])
+    seed_all(wl["seed"])
     cfg = GPTConfig(**wl["model"])
     model = DistributedDataParallel(GPT(cfg))
     optimizer = torch.optim.AdamW(model.parameters(), lr=wl["lr"], weight_decay=wl["weight_decay"])
@@ -641,12 +640,7 @@ def _ddp_worker(
     first_done = None
     for step in range(steps):
         clock.step()
-        inputs, targets = synthetic_batch(step, rank, wl["batch"], cfg, wl["seed"])
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model, inputs, targets)
-        loss.backward()
-        optimizer.step()
-        loss_value = loss.item()
+        loss_value = _train_step(model, optimizer, step, rank, wl, cfg)
         if first_done is None:
             first_done = time.time()
     clock.end()
