@@ -7,9 +7,45 @@ from dataclasses import dataclass
 
 
 class FailureKind(enum.Enum):
-    WORKER_DIED = "worker_died"  # the rank's process is gone (SIGKILL, OOM killer, crash)
+    WORKER_DIED = "worker_died"  # the rank's process is gone (SIGKILL, crash)
     USER_ERROR = "user_error"  # the train loop raised an exception of its own
+    OOM = "oom"  # out of memory: torch's OutOfMemoryError, MemoryError, Ray's OOM killer
     COMM_ERROR = "comm_error"  # a collective failed (peer gone, connection reset)
+    NODE_LOST = "node_lost"  # the rank's node stopped answering (agent silent / Ray: dead)
+    HUNG = "hung"  # heartbeats arrive but the step has not advanced for hang_timeout_s
+    STRAGGLER = "straggler"  # persistently slower than its peers (policy: replace)
+    GPU_FATAL = "gpu_fatal"  # a fatal Xid, double-bit ECC or a lost GPU on the rank's node
+    GPU_ERROR = "gpu_error"  # an application Xid on the rank's GPU (e.g. 13, 43)
+    PREFLIGHT = "preflight"  # the rank's node failed its preflight check
+
+
+class FailureClass(enum.Enum):
+    """Who is to blame, which decides how a failure is handled."""
+
+    USER = "user"  # deterministic on replay: fail fast unless retries are configured
+    RESOURCE = "resource"  # out of memory: as USER (a replay needs the same memory)
+    COMMUNICATION = "communication"  # usually a symptom: wait briefly for the root cause
+    INFRASTRUCTURE = "infrastructure"  # process, node or GPU lost: replace within the budget
+    PERFORMANCE = "performance"  # slow or hung: replace within the budget
+
+
+CLASS_OF = {
+    FailureKind.USER_ERROR: FailureClass.USER,
+    FailureKind.OOM: FailureClass.RESOURCE,
+    FailureKind.COMM_ERROR: FailureClass.COMMUNICATION,
+    FailureKind.WORKER_DIED: FailureClass.INFRASTRUCTURE,
+    FailureKind.NODE_LOST: FailureClass.INFRASTRUCTURE,
+    FailureKind.GPU_FATAL: FailureClass.INFRASTRUCTURE,
+    FailureKind.GPU_ERROR: FailureClass.INFRASTRUCTURE,
+    FailureKind.PREFLIGHT: FailureClass.INFRASTRUCTURE,
+    FailureKind.HUNG: FailureClass.PERFORMANCE,
+    FailureKind.STRAGGLER: FailureClass.PERFORMANCE,
+}
+
+# Failures whose node should get no more ranks of this job.
+CORDONING = frozenset(
+    {FailureKind.NODE_LOST, FailureKind.GPU_FATAL, FailureKind.STRAGGLER, FailureKind.PREFLIGHT}
+)
 
 
 @dataclass(frozen=True)
@@ -26,6 +62,10 @@ class WorkerFailure:
     traceback: str | None = None
     injected_at: float | None = None  # when a chaos fault fired, if this was one
 
+    @property
+    def failure_class(self) -> FailureClass:
+        return CLASS_OF[self.kind]
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -41,3 +81,25 @@ class Budget:
         if self.max_restarts is None:
             return None
         return max(0, self.max_restarts - self.restarts_used)
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One rank's liveness as of its latest heartbeat (relayed by its node agent)."""
+
+    rank: int
+    node: str
+    step: int  # steps completed
+    step_changed_at: float  # when `step` last changed (or the generation started)
+    beat_at: float  # when the agent received the latest heartbeat
+    collective_since: float | None = None  # oldest collective still pending, if any
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One node as the supervisor sees it."""
+
+    node: str
+    last_report_at: float  # the agent's latest answered report (or when it was started)
+    agent_dead: bool = False  # Ray says the agent actor died
+    ray_alive: bool = True  # Ray's node table says the node is alive

@@ -10,7 +10,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from health.observations import Budget, FailureKind, WorkerFailure
+from health.cordon import flapping_nodes
+from health.observations import CORDONING, Budget, FailureClass, FailureKind, WorkerFailure
 
 
 class Action(enum.Enum):
@@ -39,6 +40,20 @@ class PolicyConfig:
     # A collective error usually means a peer died; Ray reports the death itself within
     # milliseconds, so wait this long for the root cause before treating the error alone.
     comm_error_grace_s: float = 2.0
+    # A node with this many failures (of any kind) within flap_window_s is cordoned.
+    flap_failures: int = 3
+    flap_window_s: float = 600.0
+
+
+_WHAT = {
+    FailureKind.WORKER_DIED: "died",
+    FailureKind.NODE_LOST: "lost with its node",
+    FailureKind.HUNG: "hung",
+    FailureKind.STRAGGLER: "straggling",
+    FailureKind.GPU_FATAL: "on a failed GPU",
+    FailureKind.GPU_ERROR: "hit a GPU application error",
+    FailureKind.PREFLIGHT: "on a node that failed preflight",
+}
 
 
 def decide(
@@ -46,18 +61,30 @@ def decide(
     budget: Budget,
     now: float,
     config: PolicyConfig = PolicyConfig(),
+    node_history: Sequence[tuple[str, float]] = (),
 ) -> tuple[Decision, str]:
-    """Decide what to do about the failures seen since the last recovery."""
+    """Decide what to do about the failures seen since the last recovery.
+
+    `node_history`: (node, when) of earlier incidents, one per node per recovery, for the
+    flapping rule.
+    """
     if not failures:
         return NOOP, "no failures"
 
-    user = [f for f in failures if f.kind is FailureKind.USER_ERROR]
-    dead = sorted({f.rank for f in failures if f.kind is FailureKind.WORKER_DIED})
+    user = [f for f in failures if f.failure_class in (FailureClass.USER, FailureClass.RESOURCE)]
+    lost = [
+        f
+        for f in failures
+        if f.failure_class in (FailureClass.INFRASTRUCTURE, FailureClass.PERFORMANCE)
+    ]
+    dead = sorted({f.rank for f in lost})
     comm = [f for f in failures if f.kind is FailureKind.COMM_ERROR]
+    cordon, cordon_why = _cordons(failures, now, config, node_history)
 
     if user:
         first = min(user, key=lambda f: f.at)
-        what = f"rank {first.rank} raised {first.error_type}: {first.message}"
+        oom = " (out of memory)" if first.kind is FailureKind.OOM else ""
+        what = f"rank {first.rank} raised {first.error_type}{oom}: {first.message}"
         if budget.user_errors_seen >= budget.user_error_retries:
             return (
                 Decision(Action.FAIL),
@@ -68,15 +95,28 @@ def decide(
             return Decision(Action.FAIL), f"{what}; {_exhausted(budget)}"
         action = Action.REPLACE if dead else Action.RESTART_GROUP
         return (
-            Decision(action, ranks=tuple(dead)),
-            f"{what}; retry {budget.user_errors_seen + 1} of {budget.user_error_retries}",
+            Decision(action, ranks=tuple(dead), cordon=cordon),
+            f"{what}; retry {budget.user_errors_seen + 1} of {budget.user_error_retries}"
+            + cordon_why,
         )
 
     if dead:
-        what = "rank" + ("s " if len(dead) > 1 else " ") + ", ".join(map(str, dead)) + " died"
+        by_kind: dict[FailureKind, list[int]] = {}
+        for f in sorted(lost, key=lambda f: f.rank):
+            ranks = by_kind.setdefault(f.kind, [])
+            if f.rank not in ranks:
+                ranks.append(f.rank)
+        what = "; ".join(
+            ("rank " if len(r) == 1 else "ranks ") + ", ".join(map(str, r)) + " " + _WHAT[k]
+            for k, r in by_kind.items()
+        )
         if budget.restarts_left == 0:
             return Decision(Action.FAIL), f"{what}; {_exhausted(budget)}"
-        return Decision(Action.REPLACE, ranks=tuple(dead)), f"{what}; replace in place"
+        where = "on healthy nodes" if cordon else "in place"
+        return (
+            Decision(Action.REPLACE, ranks=tuple(dead), cordon=cordon),
+            f"{what}; replace {where}{cordon_why}",
+        )
 
     # Only collective errors: give Ray time to report the death that caused them.
     oldest = min(f.at for f in comm)
@@ -87,6 +127,30 @@ def decide(
     if budget.restarts_left == 0:
         return Decision(Action.FAIL), f"{what}; {_exhausted(budget)}"
     return Decision(Action.RESTART_GROUP), f"{what}; re-form the group"
+
+
+def _cordons(
+    failures: Sequence[WorkerFailure],
+    now: float,
+    config: PolicyConfig,
+    node_history: Sequence[tuple[str, float]],
+) -> tuple[tuple[str, ...], str]:
+    nodes = {f.node for f in failures if f.kind in CORDONING and f.node}
+    # One incident counts once per node, however many of its ranks it took.
+    incident = {f.node: now for f in failures if f.node and f.kind is not FailureKind.COMM_ERROR}
+    history = list(node_history) + list(incident.items())
+    flapping, _ = flapping_nodes(history, now, config.flap_window_s, config.flap_failures)
+    flapping = [n for n in flapping if n in {f.node for f in failures}]
+    nodes.update(flapping)
+    if not nodes:
+        return (), ""
+    why = [
+        f"{n[:12]} (flapping: {config.flap_failures}+ failures in {config.flap_window_s:.0f} s)"
+        if n in flapping and n not in {f.node for f in failures if f.kind in CORDONING}
+        else n[:12]
+        for n in sorted(nodes)
+    ]
+    return tuple(sorted(nodes)), "; cordon " + ", ".join(why)
 
 
 def _exhausted(budget: Budget) -> str:

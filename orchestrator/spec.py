@@ -79,6 +79,82 @@ class FailureSpec(_Model):
     scheduling_timeout_s: float = Field(
         120.0, gt=0, description="how long to wait for Ray to place the workers"
     )
+    replacement_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="how long a lost rank's replacement may wait for capacity on a healthy "
+        "node before the job fails",
+    )
+
+
+class StragglerSpec(_Model):
+    """Per-rank compute time (excluding time waiting in collectives) against the median."""
+
+    policy: Literal["alert", "replace", "none"] = Field(
+        "alert",
+        description="alert: event and metric only; replace: move the rank to a spare on "
+        "another node and cordon its node; none: do not look",
+    )
+    threshold: float = Field(
+        1.5, gt=1, description="flag a rank whose compute time is this many times the median"
+    )
+    window_steps: int = Field(
+        5,
+        ge=1,
+        description="steps per window; a rank's window score "
+        "is its median compute time over the window",
+    )
+    consecutive_windows: int = Field(
+        2, ge=1, description="flag only after this many consecutive slow windows"
+    )
+    min_excess_s: float = Field(
+        0.005,
+        ge=0,
+        description="ignore differences smaller than this many seconds per step (timer noise)",
+    )
+
+
+class GpuSpec(_Model):
+    probe: Literal["auto", "nvml", "fake", "none"] = Field(
+        "auto",
+        description="auto: NVML where GPUs are visible, else the fake probe (fed by chaos "
+        "faults); none: no GPU health checks",
+    )
+    interval_s: float = Field(2.0, gt=0, description="how often each node agent reads its GPUs")
+    max_temperature_c: float = Field(
+        95.0, gt=0, description="a GPU hotter than this is reported (not cordoned)"
+    )
+
+
+class PreflightSpec(_Model):
+    enabled: bool = Field(True, description="check every node before it trains")
+    matmul_size: int = Field(256, ge=16, description="side of the square matmul timed")
+    matmul_repeats: int = Field(20, ge=1, description="matmuls timed per node")
+    max_slowdown: float = Field(
+        3.0, gt=1, description="cordon a node this many times slower than the median node"
+    )
+    timeout_s: float = Field(30.0, gt=0, description="a node whose check takes longer fails")
+
+
+class HealthSpec(_Model):
+    heartbeat_timeout_s: float = Field(
+        3.0, gt=0, description="a node whose agent is silent this long is lost"
+    )
+    hang_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="a rank whose heartbeat arrives but whose step has not advanced this "
+        "long is hung; its stacks are captured and it is replaced",
+    )
+    cordon_ttl_s: float | None = Field(
+        3600.0,
+        gt=0,
+        description="how long a cordoned node gets no ranks of this job; null = until "
+        "`stalwart uncordon`",
+    )
+    straggler: StragglerSpec = Field(default_factory=StragglerSpec)
+    gpu: GpuSpec = Field(default_factory=GpuSpec)
+    preflight: PreflightSpec = Field(default_factory=PreflightSpec)
 
 
 class MetricsSpec(_Model):
@@ -86,16 +162,46 @@ class MetricsSpec(_Model):
     port: int = Field(0, ge=0, le=65535, description="exporter port; 0 picks a free one")
 
 
-class KillWorker(_Model):
-    """SIGKILL the worker holding ``rank`` when it reaches ``at_step`` (once)."""
+class _FaultBase(_Model):
+    rank: int = Field(ge=0, description="the rank (or, for node faults, its node) to hit")
+    at_step: int = Field(ge=0, description="fires when the rank reaches this step (once)")
+
+
+class KillWorker(_FaultBase):
+    """SIGKILL the worker holding ``rank``."""
 
     kind: Literal["kill_worker"]
-    rank: int = Field(ge=0)
-    at_step: int = Field(ge=0)
 
 
-# An open union: later fault kinds are added here and discriminated by ``kind``.
-Fault = Annotated[KillWorker, Field(discriminator="kind")]
+class KillNode(_FaultBase):
+    """Kill every Ray process of the node hosting ``rank``: its raylet and all its workers."""
+
+    kind: Literal["kill_node"]
+
+
+class Hang(_FaultBase):
+    """Block ``rank``'s step forever (its heartbeat thread keeps beating)."""
+
+    kind: Literal["hang"]
+
+
+class Slow(_FaultBase):
+    """Make ``rank``'s compute ``factor`` times slower from ``at_step`` on. With
+    ``at_step: 0`` its node is slow from the start, preflight check included."""
+
+    kind: Literal["slow"]
+    factor: float = Field(3.0, gt=1, description="compute time multiplier")
+
+
+class GpuXid(_FaultBase):
+    """The fake GPU probe of the node hosting ``rank`` reports Xid ``xid`` on that rank's GPU."""
+
+    kind: Literal["gpu_xid"]
+    xid: int = Field(ge=1, description="the NVIDIA Xid code, e.g. 79 (fallen off the bus)")
+
+
+# An open union discriminated by ``kind``.
+Fault = Annotated[KillWorker | KillNode | Hang | Slow | GpuXid, Field(discriminator="kind")]
 
 
 class ChaosSpec(_Model):
@@ -119,6 +225,7 @@ class JobSpec(_Model):
     seed: int = 0
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     failure: FailureSpec = Field(default_factory=FailureSpec)
+    health: HealthSpec = Field(default_factory=HealthSpec)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     chaos: ChaosSpec = Field(default_factory=ChaosSpec)
     config: dict[str, Any] = Field(
@@ -165,7 +272,7 @@ class JobSpec(_Model):
 def _format_error(err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
     # Discriminated unions add the tag to the path; users never wrote it.
-    loc = re.sub(r"\.kill_worker", "", loc)
+    loc = re.sub(r"\.(kill_worker|kill_node|hang|slow|gpu_xid)\b", "", loc)
     msg = err["msg"]
     typ = err["type"]
     given = err.get("input")

@@ -553,6 +553,7 @@ TOP_LEVEL = [
     "seed",
     "checkpoint",
     "failure",
+    "health",
     "metrics",
     "chaos",
     "config",

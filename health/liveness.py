@@ -1,0 +1,73 @@
+"""Liveness detectors: lost nodes (silent agents) and hung ranks (beating, not stepping).
+
+Pure functions of observations and ``now``; each returns its findings and a reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from health.observations import NodeView, RankView
+
+
+@dataclass(frozen=True)
+class Hang:
+    culprits: tuple[int, ...]  # hung outside any collective: the cause
+    waiting: tuple[int, ...]  # stuck inside a collective: victims (or a stuck collective)
+    stalled_for_s: float
+
+
+def lost_nodes(nodes: Sequence[NodeView], now: float, timeout_s: float) -> tuple[list[str], str]:
+    """Nodes that are gone: Ray says so, their agent died, or it was silent for `timeout_s`."""
+    lost, why = [], []
+    for n in sorted(nodes, key=lambda n: n.node):
+        silent = now - n.last_report_at
+        if not n.ray_alive:
+            lost.append(n.node)
+            why.append(f"node {n.node[:12]}: Ray marked it dead")
+        elif n.agent_dead:
+            lost.append(n.node)
+            why.append(f"node {n.node[:12]}: its agent died")
+        elif silent >= timeout_s:
+            lost.append(n.node)
+            why.append(
+                f"node {n.node[:12]}: agent silent for {silent:.1f} s "
+                f"(health.heartbeat_timeout_s={timeout_s})"
+            )
+    return lost, "; ".join(why) if why else "all nodes answering"
+
+
+def hung_ranks(
+    ranks: Sequence[RankView], now: float, hang_timeout_s: float, beat_timeout_s: float
+) -> tuple[Hang | None, str]:
+    """A hang: every rank with a fresh heartbeat has not advanced for `hang_timeout_s`.
+
+    In data-parallel training one hung rank stalls everyone at the next collective, so a
+    hang shows up as all ranks frozen. The ranks *not* waiting inside a collective are the
+    culprits; if every rank waits in one, the collective itself is stuck.
+    A rank whose heartbeats stopped is not hung but lost; liveness handles it.
+    """
+    beating = [r for r in ranks if now - r.beat_at < beat_timeout_s]
+    if not beating:
+        return None, "no fresh heartbeats"
+    frozen = [r for r in beating if now - r.step_changed_at >= hang_timeout_s]
+    if not frozen:
+        return None, "steps advancing"
+    # Ranks frozen while others still advance are hung on their own; usually everyone is
+    # frozen, the culprits outside a collective and their victims inside one.
+    culprits = tuple(sorted(r.rank for r in frozen if r.collective_since is None))
+    waiting = tuple(sorted(r.rank for r in frozen if r.collective_since is not None))
+    stalled = min(now - r.step_changed_at for r in frozen)
+    if culprits:
+        reason = (
+            f"rank(s) {', '.join(map(str, culprits))} made no step for {stalled:.1f} s "
+            f"(health.hang_timeout_s={hang_timeout_s}) outside any collective"
+            + (f"; rank(s) {', '.join(map(str, waiting))} wait for them" if waiting else "")
+        )
+    else:
+        reason = (
+            f"all {len(frozen)} beating ranks have waited in a collective for {stalled:.1f} s "
+            f"(health.hang_timeout_s={hang_timeout_s}): the collective is stuck"
+        )
+    return Hang(culprits, waiting, stalled), reason
