@@ -40,6 +40,14 @@ class CommitTracker:
         """Stores may drop every step older than this one (the oldest kept commit)."""
         return self._committed[0] if len(self._committed) == self.keep else None
 
+    def reset(self, stored: Mapping[int, Iterable[int]]) -> int | None:
+        """Start over from exactly what the stores hold now (after a store was lost):
+        the committed steps are the newest steps every rank still has."""
+        self._stored = {r: set(stored.get(r, ())) for r in range(self.world_size)}
+        common = set.intersection(*self._stored.values()) if self._stored else set()
+        self._committed = sorted(common)[-self.keep :]
+        return self.committed
+
     def rollback(self, step: int) -> None:
         """After a recovery to `step`, nothing newer is committed until stored again."""
         self._committed = [s for s in self._committed if s <= step]

@@ -14,6 +14,7 @@ node (in the node agent) covers all ranks there; ranks say which GPU index they 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any, Protocol
@@ -84,14 +85,26 @@ class NvmlGpuProbe:
         self._clock = clock
         nvml.nvmlInit()
         self.count = nvml.nvmlDeviceGetCount()
-        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(self.count)]
+        self.handles: list[Any] = []
+        for i in range(self.count):
+            try:
+                self.handles.append(nvml.nvmlDeviceGetHandleByIndex(i))
+            except nvml.NVMLError:
+                self.handles.append(None)  # reported lost by read()
         self._events = None
-        try:
-            self._events = nvml.nvmlEventSetCreate()
-            for h in self.handles:
-                nvml.nvmlDeviceRegisterEvents(h, nvml.nvmlEventTypeXidCriticalError, self._events)
-        except nvml.NVMLError:
+        self.xid_events: list[int] = []  # GPUs whose Xid events are watched
+        with contextlib.suppress(nvml.NVMLError):
             # Xid events need root or a supported GPU; the other readings still work.
+            self._events = nvml.nvmlEventSetCreate()
+        for i, h in enumerate(self.handles):
+            if self._events is None or h is None:
+                continue
+            with contextlib.suppress(nvml.NVMLError):  # this GPU cannot report Xids
+                nvml.nvmlDeviceRegisterEvents(h, nvml.nvmlEventTypeXidCriticalError, self._events)
+                self.xid_events.append(i)
+        if self._events is not None and not self.xid_events:
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlEventSetFree(self._events)
             self._events = None
 
     def _drain_xids(self) -> dict[int, list[int]]:
@@ -105,12 +118,19 @@ class NvmlGpuProbe:
                 if getattr(e, "value", None) != nvml.NVML_ERROR_TIMEOUT:
                     out.setdefault(-1, []).append(0)  # unreadable: reported below
                 break
-            if data.eventType == nvml.nvmlEventTypeXidCriticalError:
-                out.setdefault(nvml.nvmlDeviceGetIndex(data.device), []).append(int(data.eventData))
+            if data.eventType != nvml.nvmlEventTypeXidCriticalError:
+                continue
+            try:
+                index = nvml.nvmlDeviceGetIndex(data.device)
+            except nvml.NVMLError:
+                index = -1  # a GPU that cannot say its index: reported below
+            out.setdefault(index, []).append(int(data.eventData))
         return out
 
     def _read_one(self, i: int, xids: tuple[int, ...], now: float) -> GpuReading:
         nvml, h = self.nvml, self.handles[i]
+        if h is None:
+            return GpuReading(self.node, i, now, xids=xids, lost=True, error="no NVML handle")
         fields: dict[str, Any] = {}
         errors = []
 
@@ -157,7 +177,15 @@ class NvmlGpuProbe:
         xids = self._drain_xids()
         readings = [self._read_one(i, tuple(xids.get(i, ())), now) for i in range(self.count)]
         if -1 in xids:
-            readings.append(GpuReading(self.node, -1, now, error="Xid event wait failed"))
+            readings.append(
+                GpuReading(
+                    self.node,
+                    -1,
+                    now,
+                    xids=tuple(x for x in xids[-1] if x),
+                    error="Xid events from an unknown GPU, or the event wait failed",
+                )
+            )
         return readings
 
     def close(self) -> None:

@@ -19,10 +19,11 @@ class Hang:
 
 
 def lost_nodes(nodes: Sequence[NodeView], now: float, timeout_s: float) -> tuple[list[str], str]:
-    """Nodes that are gone: Ray says so, their agent died, or it was silent for `timeout_s`."""
+    """Nodes that are gone: Ray says so, their agent died, or it left a report request
+    unanswered for `timeout_s`."""
     lost, why = [], []
     for n in sorted(nodes, key=lambda n: n.node):
-        silent = now - n.last_report_at
+        silent = now - n.unanswered_since if n.unanswered_since is not None else 0.0
         if not n.ray_alive:
             lost.append(n.node)
             why.append(f"node {n.node[:12]}: Ray marked it dead")

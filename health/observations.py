@@ -61,6 +61,7 @@ class WorkerFailure:
     message: str | None = None
     traceback: str | None = None
     injected_at: float | None = None  # when a chaos fault fired, if this was one
+    process_lost: bool = False  # the rank's process is gone (it cannot rejoin the group)
 
     @property
     def failure_class(self) -> FailureClass:
@@ -97,9 +98,14 @@ class RankView:
 
 @dataclass(frozen=True)
 class NodeView:
-    """One node as the supervisor sees it."""
+    """One node as the supervisor sees it.
+
+    Silence is measured from the oldest report request the agent has not answered, not
+    from its last answer: a supervisor busy elsewhere (in a recovery) asks nobody, and
+    that must not look like every node going silent.
+    """
 
     node: str
-    last_report_at: float  # the agent's latest answered report (or when it was started)
+    unanswered_since: float | None = None  # when the oldest unanswered request was sent
     agent_dead: bool = False  # Ray says the agent actor died
     ray_alive: bool = True  # Ray's node table says the node is alive

@@ -45,6 +45,8 @@ class PolicyConfig:
     flap_window_s: float = 600.0
 
 
+NODE_CLASSES = (FailureClass.INFRASTRUCTURE, FailureClass.PERFORMANCE)
+
 _WHAT = {
     FailureKind.WORKER_DIED: "died",
     FailureKind.NODE_LOST: "lost with its node",
@@ -77,14 +79,17 @@ def decide(
         for f in failures
         if f.failure_class in (FailureClass.INFRASTRUCTURE, FailureClass.PERFORMANCE)
     ]
-    dead = sorted({f.rank for f in lost})
+    dead = sorted({f.rank for f in lost} | {f.rank for f in user if f.process_lost})
     comm = [f for f in failures if f.kind is FailureKind.COMM_ERROR]
     cordon, cordon_why = _cordons(failures, now, config, node_history)
 
     if user:
         first = min(user, key=lambda f: f.at)
-        oom = " (out of memory)" if first.kind is FailureKind.OOM else ""
-        what = f"rank {first.rank} raised {first.error_type}{oom}: {first.message}"
+        if first.process_lost:
+            what = f"rank {first.rank} was killed out of memory: {first.message}"
+        else:
+            oom = " (out of memory)" if first.kind is FailureKind.OOM else ""
+            what = f"rank {first.rank} raised {first.error_type}{oom}: {first.message}"
         if budget.user_errors_seen >= budget.user_error_retries:
             return (
                 Decision(Action.FAIL),
@@ -137,10 +142,11 @@ def _cordons(
 ) -> tuple[tuple[str, ...], str]:
     nodes = {f.node for f in failures if f.kind in CORDONING and f.node}
     # One incident counts once per node, however many of its ranks it took.
-    incident = {f.node: now for f in failures if f.node and f.kind is not FailureKind.COMM_ERROR}
+    # Only the infrastructure's and performance failures say something about a node.
+    incident = {f.node: now for f in failures if f.node and f.failure_class in NODE_CLASSES}
     history = list(node_history) + list(incident.items())
     flapping, _ = flapping_nodes(history, now, config.flap_window_s, config.flap_failures)
-    flapping = [n for n in flapping if n in {f.node for f in failures}]
+    flapping = [n for n in flapping if n in incident]
     nodes.update(flapping)
     if not nodes:
         return (), ""

@@ -7,19 +7,31 @@ nodes, not ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
 
 from ckpt.snapshot import Snapshot
 from ckpt.store import MemoryShardStore, ShardInfo, ShmShardStore
+from health.gpu_probe import FakeGpuProbe, GpuProbe, make_probe
+from health.xid import GpuReading
 
 SHM_ROOT = "/dev/shm/stalwart"
 
 
 class NodeAgent:
-    def __init__(self, node_id: str, store_key: str, shm_root: str | None = SHM_ROOT):
+    def __init__(
+        self,
+        node_id: str,
+        store_key: str,
+        shm_root: str | None = SHM_ROOT,
+        gpu_probe: str = "none",
+        gpu_interval_s: float = 2.0,
+    ):
         self.node_id = node_id
         # Shared-memory slot files when this machine has room for them (workers write into
         # them directly); otherwise shards travel through Ray and live in this process.
@@ -32,8 +44,20 @@ class NodeAgent:
             self.transport = "ray"
         self._lock = threading.Lock()
         self._beats: dict[int, dict[str, Any]] = {}
-        self._faults: list[dict[str, Any]] = []
         self._layouts: dict[int, tuple] = {}  # rank -> tensor layout of its last shard
+        # GPU health: a probe thread keeps the latest reading per GPU and the Xids seen
+        # since the last report.
+        self._stop = threading.Event()
+        self._gpu_latest: dict[int, GpuReading] = {}
+        self._gpu_xids: dict[int, list[int]] = {}
+        self.gpu_probe_error: str | None = None
+        try:
+            self.probe: GpuProbe | None = make_probe(gpu_probe, node_id)
+        except RuntimeError as e:
+            self.probe, self.gpu_probe_error = None, str(e)
+        if self.probe is not None:
+            self._gpu_interval = gpu_interval_s
+            threading.Thread(target=self._probe_loop, daemon=True, name="gpu-probe").start()
 
     def ping(self) -> str:
         return self.node_id
@@ -79,10 +103,6 @@ class NodeAgent:
         with self._lock:
             self._beats[rank] = beat
 
-    def record_fault(self, fault: dict[str, Any]) -> None:
-        with self._lock:
-            self._faults.append(fault)
-
     def forget(self, rank: int) -> None:
         with self._lock:
             self._beats.pop(rank, None)
@@ -91,6 +111,9 @@ class NodeAgent:
 
     def close(self) -> None:
         """Free the node's shards (their shared-memory files) before the agent goes away."""
+        self._stop.set()
+        if self.probe is not None:
+            self.probe.close()
         self.store.close()
 
     def prune(self, below: int | None = None, above: int | None = None) -> int:
@@ -101,13 +124,72 @@ class NodeAgent:
             dropped += self.store.drop_above(above)
         return dropped
 
+    # --- GPU health -----------------------------------------------------------------------
+
+    def _probe_once(self) -> None:
+        readings = self.probe.read()
+        with self._lock:
+            for r in readings:
+                self._gpu_latest[r.index] = r
+                if r.xids:
+                    self._gpu_xids.setdefault(r.index, []).extend(r.xids)
+
+    def _probe_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._probe_once()
+            except Exception as e:  # a probe that cannot read is reported, not fatal
+                self.gpu_probe_error = f"{type(e).__name__}: {e}"
+            self._stop.wait(self._gpu_interval)
+
+    def inject_gpu_fault(self, index: int, xid: int) -> None:
+        """Chaos: the fake probe reports Xid `xid` on GPU `index` (read at once)."""
+        if not isinstance(self.probe, FakeGpuProbe):
+            raise RuntimeError(
+                f"gpu_xid faults need the fake GPU probe; node {self.node_id[:12]} uses "
+                f"{self.probe.kind if self.probe else 'none'} (set health.gpu.probe: fake)"
+            )
+        self.probe.inject(index, xid=xid)
+        self._probe_once()
+
+    def _gpu_report(self) -> list[dict[str, Any]]:
+        xids, self._gpu_xids = self._gpu_xids, {}
+        return [
+            {**dataclasses.asdict(r), "xids": xids.get(i, [])}
+            for i, r in sorted(self._gpu_latest.items())
+        ]
+
+    # --- diagnostics ------------------------------------------------------------------------
+
+    def dump_stacks(self, pid: int, timeout_s: float = 10.0) -> dict[str, Any]:
+        """A process's Python stacks from the outside (py-spy), for a worker that cannot
+        answer itself (its interpreter is stuck in C code holding the GIL)."""
+        try:
+            out = subprocess.run(
+                [_py_spy(), "dump", "--pid", str(pid)],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
+            text = out.stdout if out.returncode == 0 else f"py-spy failed: {out.stderr.strip()}"
+        except (OSError, subprocess.TimeoutExpired) as e:
+            text = f"py-spy failed: {e}"
+        return {"pid": pid, "via": "py-spy", "text": text}
+
     def report(self) -> dict[str, Any]:
         with self._lock:
-            faults, self._faults = self._faults, []
             return {
                 "node": self.node_id,
                 "at": time.time(),
                 "beats": dict(self._beats),
                 "stored": self.store.stored(),
-                "faults": faults,
+                "gpus": self._gpu_report(),
+                "gpu_probe": self.probe.kind if self.probe else None,
+                "gpu_probe_error": self.gpu_probe_error,
             }
+
+
+def _py_spy() -> str:
+    """py-spy from this interpreter's environment (Ray installs it), else from PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return here if os.path.exists(here) else "py-spy"

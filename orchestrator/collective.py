@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -81,13 +82,21 @@ class ElasticGroup:
         self._pg: dist.ProcessGroup | None = None
         self._backend: dist.Backend | None = None
         self._lock = threading.Lock()
-        self._pending: set[torch.futures.Future] = set()
+        self._pending: dict[torch.futures.Future, float] = {}  # future -> issued at
         self._aborted: str | None = "not configured"
         self._graveyard: list[tuple[dist.ProcessGroup, dist.Backend]] = []
         self.rank = 0
         self.world_size = 1
         self.generation = 0
         self.backend = "gloo"
+        # Seconds collectives took from issue to completion, summed: the time a rank spends
+        # waiting for its peers (straggler detection subtracts it from step time).
+        self.collective_seconds = 0.0
+
+    def pending_since(self) -> float | None:
+        """When the oldest collective still pending was issued (monotonic), if any."""
+        with self._lock:
+            return min(self._pending.values(), default=None)
 
     def configure(
         self,
@@ -114,7 +123,7 @@ class ElasticGroup:
         """Fail every pending and future collective of this generation with GroupAborted."""
         with self._lock:
             self._aborted = reason
-            pending, self._pending = list(self._pending), set()
+            pending, self._pending = list(self._pending), {}
             backend = self._backend
         if backend is not None and self.backend == "nccl":
             # NCCL kernels stuck on the GPU must be aborted too, or the stream never drains.
@@ -133,13 +142,14 @@ class ElasticGroup:
             if self._aborted is not None:
                 out.set_exception(GroupAborted(self._aborted))
                 return out
-            self._pending.add(out)
+            self._pending[out] = issued = time.monotonic()
 
         def done(fut: torch.futures.Future) -> None:
             with self._lock:
                 if out not in self._pending:
                     return  # aborted meanwhile: the exception is already set
-                self._pending.discard(out)
+                del self._pending[out]
+                self.collective_seconds += time.monotonic() - issued
             try:
                 fut.value()
                 out.set_result(result())

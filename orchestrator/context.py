@@ -15,10 +15,9 @@ registered object, the RNG states and the step counter from the last committed s
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,8 @@ import torch
 from ckpt.pipeline import SnapshotPipeline
 from ckpt.snapshot import Snapshot, restore, state_digest
 from orchestrator.collective import ElasticGroup, GroupAborted, make_ddp
+
+RECENT_STEPS = 32
 
 
 class RecoveryInterrupt(GroupAborted):
@@ -43,7 +44,10 @@ class Progress:
     metrics: dict[str, float] = field(default_factory=dict)
     samples: float = 0.0
     tokens: float = 0.0
-    compute_seconds: float = 0.0  # last step's wall time inside the loop body
+    compute_seconds: float = 0.0  # last step's time in the loop body minus collective waits
+    collective_seconds: float = 0.0  # last step's time waiting in collectives
+    # (step, compute seconds) of recent steps, for straggler detection
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
     step_started_at: float | None = None
     first_step_done_at: float | None = None
     setup_done_at: float | None = None  # the loop reached ctx.steps()
@@ -127,6 +131,7 @@ class TrainContext:
         self._restore_step: int | None = None
         self._faults: list[dict[str, Any]] = []
         self._interrupt: str | None = None
+        self._slow = 1.0  # chaos: compute time multiplier
         self.progress = Progress()
 
     # --- called by the worker between generations -------------------------------------------
@@ -147,12 +152,17 @@ class TrainContext:
         self._faults = [f for f in faults if f["rank"] == self.rank]
         self._interrupt = None
         self._objects = {}
+        self.progress.recent.clear()
         self.progress.restored_at = None
         self.progress.first_step_done_at = None
         seed_all(self.seed)
 
     def interrupt(self, reason: str) -> None:
         self._interrupt = reason
+
+    def slow_down(self, factor: float) -> None:
+        """Chaos: make this rank's compute `factor` times slower from now on."""
+        self._slow = factor
 
     # --- the user's API ---------------------------------------------------------------------
 
@@ -205,15 +215,23 @@ class TrainContext:
         if not self._objects:
             raise RuntimeError("call ctx.register(model=..., optimizer=...) before ctx.steps()")
         start = self._restore()
+        p, group = self.progress, self.group
         for step in range(start, self.total_steps):
             self._before_step(step)
             t0 = time.perf_counter()
-            self.progress.step_started_at = time.time()
+            waited0 = group.collective_seconds
+            p.step_started_at = time.time()
             yield step
-            self.progress.compute_seconds = time.perf_counter() - t0
-            self.progress.step = step + 1
-            if self.progress.first_step_done_at is None:
-                self.progress.first_step_done_at = time.time()
+            if self._slow > 1:
+                busy = time.perf_counter() - t0 - (group.collective_seconds - waited0)
+                time.sleep((self._slow - 1) * max(0.0, busy))
+            waited = group.collective_seconds - waited0
+            p.collective_seconds = waited
+            p.compute_seconds = max(0.0, time.perf_counter() - t0 - waited)
+            p.recent.append((step, p.compute_seconds))
+            p.step = step + 1
+            if p.first_step_done_at is None:
+                p.first_step_done_at = time.time()
             if (step + 1) % self._every == 0 or step + 1 == self.total_steps:
                 self._pipeline.submit(step + 1, self._state(step + 1))
 
@@ -264,9 +282,9 @@ class TrainContext:
         if self._interrupt is not None:
             raise RecoveryInterrupt(self._interrupt)
         for fault in self._faults:
-            if fault["at_step"] == step and fault["kind"] == "kill_worker":
+            if fault["at_step"] == step:
+                # The worker carries it out; kill_worker, kill_node and hang never return.
                 self._on_fault({**fault, "at": time.time(), "step": step})
-                os.kill(os.getpid(), signal.SIGKILL)
 
     def model_digest(self) -> str | None:
         model = self._objects.get("model")

@@ -85,6 +85,7 @@ def run_job(
 ) -> dict[str, Any]:
     """Run `spec` to the end. Returns result.json's content (also written to opts.output)."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from orchestrator.supervisor import JobSupervisor
 
@@ -102,12 +103,17 @@ def run_job(
                 name=f"stalwart-{spec.name}",
                 get_if_exists=False,
                 max_restarts=0,
+                # Next to the driver (on a cluster: where `stalwart run` runs), so that a
+                # chaos kill_node never takes the supervisor with it by chance.
+                scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    ray.get_runtime_context().get_node_id(), soft=True
+                ),
             )
             .remote(spec.model_dump(mode="json"), opts.base_dir)
         )
         done = supervisor.run.remote()
         with events_path.open("a") as events_file:
-            follower = _Follower(supervisor, done, events_file, on_progress)
+            follower = _Follower(supervisor, done, events_file, on_progress, out)
             try:
                 result = follower.follow()
             except KeyboardInterrupt:
@@ -131,11 +137,13 @@ class _Follower:
         done: Any,
         events_file: Any,
         on_progress: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None,
+        out: Path | None = None,
     ):
         self.supervisor = supervisor
         self.done = done
         self.events_file = events_file
         self.on_progress = on_progress
+        self.out = out
         self.seen = 0
 
     def follow(self) -> dict[str, Any]:
@@ -145,6 +153,8 @@ class _Follower:
             finished, _ = ray.wait([self.done], timeout=POLL_INTERVAL_S)
             update = ray.get(self.supervisor.poll.remote(self.seen))
             for event in update["events"]:
+                if event["type"] == "stacks" and self.out is not None:
+                    event = self._write_stacks(event)
                 self.events_file.write(json.dumps(event) + "\n")
             self.events_file.flush()
             self.seen += len(update["events"])
@@ -152,3 +162,17 @@ class _Follower:
                 self.on_progress(update["progress"], update["events"])
             if finished:
                 return ray.get(self.done)
+
+    def _write_stacks(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Stacks go to OUTPUT/stacks/gen<G>-rank<R>.txt; the event keeps their paths."""
+        folder = self.out / "stacks"
+        folder.mkdir(parents=True, exist_ok=True)
+        files = {}
+        for rank, st in sorted(event["stacks"].items(), key=lambda kv: int(kv[0])):
+            path = folder / f"gen{event['generation']}-rank{rank}.txt"
+            path.write_text(
+                f"# rank {rank}, pid {st.get('pid')}, via {st.get('via')}\n"
+                f"# {event['reason']}\n{st['text']}\n"
+            )
+            files[rank] = str(path)
+        return {**event, "files": files}

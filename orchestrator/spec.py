@@ -272,7 +272,7 @@ class JobSpec(_Model):
 def _format_error(err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
     # Discriminated unions add the tag to the path; users never wrote it.
-    loc = re.sub(r"\.(kill_worker|kill_node|hang|slow|gpu_xid)\b", "", loc)
+    loc = re.sub(r"(faults\.\d+)\.(kill_worker|kill_node|hang|slow|gpu_xid)\b", r"\1", loc)
     msg = err["msg"]
     typ = err["type"]
     given = err.get("input")

@@ -7,6 +7,7 @@ nothing itself: health.policy.decide does.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import threading
@@ -21,14 +22,21 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import (
     NodeAffinitySchedulingStrategy,
+    NodeLabelSchedulingStrategy,
+    NotIn,
     PlacementGroupSchedulingStrategy,
 )
 
 from ckpt.commit import CommitTracker
+from health.classify import classify_death
+from health.cordon import CordonList
+from health.liveness import Hang
 from health.observations import Budget, FailureKind, WorkerFailure
-from health.policy import Action, Decision, decide
+from health.policy import NODE_CLASSES, Action, Decision, decide
+from health.straggler import straggler_decision
 from orchestrator.agent import NodeAgent
 from orchestrator.events import EventLog
+from orchestrator.monitor import HealthMonitor
 from orchestrator.resources import SchedulingError, check_capacity, worker_bundle
 from orchestrator.spec import JobSpec
 from orchestrator.state import JobState, StateMachine, Transition
@@ -37,6 +45,9 @@ from orchestrator.worker import TrainWorker
 log = logging.getLogger(__name__)
 
 AGENT_POLL_INTERVAL_S = 0.2
+RAY_NODES_CHECK_S = 1.0  # how often Ray's node table is read
+THROUGHPUT_EVENT_S = 2.0  # how often a throughput event is written
+NODE_FAULTS = ("kill_node", "gpu_xid")  # faults that hit the node hosting the rank
 COLLECTIVE_TIMEOUT_S = 1800.0  # a backstop only: recoveries abort collectives explicitly
 
 
@@ -54,9 +65,12 @@ class JobSupervisor:
         self.workers: dict[int, Any] = {}
         self.worker_info: dict[int, dict[str, Any]] = {}
         self.bundle_node: dict[int, str] = {}  # placement-group bundle -> node
-        self.bundle_of: dict[int, int] = {}  # rank -> bundle
-        self.spares: list[tuple[Any, int]] = []  # started and ready: (actor, bundle)
-        self.spares_starting: dict[Any, tuple[Any, int]] = {}  # ready() ref -> (actor, bundle)
+        # rank -> bundle; None: placed outside the group (its bundle's node was bad)
+        self.bundle_of: dict[int, int | None] = {}
+        # Started and ready: (actor, bundle or None, node). Starting: ready() ref -> (actor,
+        # bundle or None).
+        self.spares: list[tuple[Any, int | None, str]] = []
+        self.spares_starting: dict[Any, tuple[Any, int | None]] = {}
         self.agents: dict[str, Any] = {}
         self.pg = None
         self.generation = 0
@@ -80,10 +94,23 @@ class JobSupervisor:
         self._store = None
         self._last_poll = 0.0
         self._dropped_below: int | None = None
+        self.monitor = HealthMonitor(self.spec.health)
+        self.cordons = CordonList(self.spec.health.cordon_ttl_s)
+        self.lost_nodes: set[str] = set()
+        self.incidents: list[tuple[str, float]] = []  # (node, when): one per node per recovery
+        self.stragglers: list[dict[str, Any]] = []
+        self.cordon_log: list[dict[str, Any]] = []  # every straggler flag, for the result
+        self._straggling: set[int] = set()
+        self._reports: dict[str, Any] = {}  # node -> outstanding report() ref
+        self._last_ray_check = 0.0
+        self._throughput_mark: tuple[float, int] | None = None
+        self.home_node = ray.get_runtime_context().get_node_id()
+        self.handle = None  # this actor's own handle, for workers to report faults to
 
     # --- public API (called by the driver) ---------------------------------------------------
 
     def run(self) -> dict[str, Any]:
+        self.handle = ray.get_runtime_context().current_actor
         try:
             self._set(JobState.SCHEDULING, f"placing {self.spec.workers} workers")
             self._schedule()
@@ -115,6 +142,28 @@ class JobSupervisor:
     def cancel(self) -> None:
         self._cancel.set()
 
+    def record_fault(self, fault: dict[str, Any]) -> None:
+        """A worker is about to carry out a chaos fault (called before it does)."""
+        with self._lock:
+            self.fault_records.append(fault)
+            self.fired.add(fault["index"])
+        self.events.emit("fault_injected", **fault)
+
+    def uncordon(self, node: str) -> bool:
+        """Let `node` get ranks of this job again (`stalwart uncordon`)."""
+        with self._lock:
+            gone = self.cordons.uncordon(node)
+        if gone is not None:
+            self.events.emit("uncordoned", node=node, reason="by the user")
+        return gone is not None
+
+    def cordoned(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return {
+                n: {"reason": c.reason, "since": c.at, "until": c.until}
+                for n, c in self.cordons.active(time.time()).items()
+            }
+
     def progress(self) -> dict[str, Any]:
         with self._lock:
             beats = [b for b in self.beats.values() if b.get("generation") == self.generation]
@@ -133,6 +182,10 @@ class JobSupervisor:
                 "restarts": self.restarts,
                 "workers": len(self.workers),
                 "spares": len(self.spares),
+                "cordoned": len(self.cordons.active(time.time())),
+                "slowest": sorted(
+                    self.monitor.last_scores.items(), key=lambda kv: kv[1], reverse=True
+                )[:3],
                 "now": time.time(),
             }
 
@@ -164,8 +217,7 @@ class JobSupervisor:
                 f"of {bundle} ({spec.placement}) "
                 f"within failure.scheduling_timeout_s={spec.failure.scheduling_timeout_s}"
             ) from None
-        table = ray.util.placement_group_table(self.pg)
-        self.bundle_node = {int(i): n for i, n in table["bundles_to_node_id"].items()}
+        self._refresh_bundles()
         for node in sorted(set(self.bundle_node.values())):
             self._ensure_agent(node)
         for rank in range(spec.workers):
@@ -173,7 +225,7 @@ class JobSupervisor:
             self.workers[rank] = self._create_worker(rank, rank)
         for bundle_index in range(spec.workers, n_bundles):
             self._start_spare(bundle_index)
-        self._await_ready(list(range(spec.workers)))
+        self._await_ready(list(range(spec.workers)), spec.failure.scheduling_timeout_s)
         if self.spares_starting:
             # Start with the spares ready, so an early failure finds one.
             ray.wait(
@@ -188,8 +240,25 @@ class JobSupervisor:
             workers={r: self.worker_info[r] for r in self.workers},
         )
 
+    def _refresh_bundles(self) -> None:
+        table = ray.util.placement_group_table(self.pg)
+        self.bundle_node = {int(i): n for i, n in table["bundles_to_node_id"].items()}
+
+    def _bad_nodes(self) -> set[str]:
+        """Nodes that get no new ranks: lost or cordoned."""
+        return self.lost_nodes | set(self.cordons.active(time.time()))
+
+    def _usable_bundle(self, bundle_index: int | None) -> int | None:
+        """`bundle_index` if its node may take a rank, else None (place outside the group)."""
+        if bundle_index is None:
+            return None
+        self._refresh_bundles()
+        node = self.bundle_node.get(bundle_index)
+        return bundle_index if node and node not in self._bad_nodes() else None
+
     def _ensure_agent(self, node: str) -> Any:
         if node not in self.agents:
+            gpu = self.spec.health.gpu
             self.agents[node] = (
                 ray.remote(NodeAgent)
                 .options(
@@ -197,12 +266,13 @@ class JobSupervisor:
                     max_concurrency=32,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
                 )
-                .remote(node, self.store_key)
+                .remote(node, self.store_key, gpu_probe=gpu.probe, gpu_interval_s=gpu.interval_s)
             )
         return self.agents[node]
 
-    def _start_spare(self, bundle_index: int) -> None:
-        """Start an idle worker in `bundle_index`; it becomes usable once ready() returns."""
+    def _start_spare(self, bundle_index: int | None) -> None:
+        """Start an idle worker (in `bundle_index`, or on any healthy node if None); it
+        becomes usable once ready() returns."""
         actor = self._create_worker(None, bundle_index)
         self.spares_starting[actor.ready.remote()] = (actor, bundle_index)
 
@@ -216,17 +286,43 @@ class JobSupervisor:
             actor, bundle_index = self.spares_starting.pop(ref)
             try:
                 info = ray.get(ref)
-            except RayActorError as e:
+                ray.get(actor.attach.remote(self._ensure_agent(info["node_id"])), timeout=30)
+            except (RayActorError, GetTimeoutError) as e:
                 self.events.emit("spare_failed", bundle=bundle_index, message=_actor_error_text(e))
                 continue
-            self.spares.append((actor, bundle_index))
+            self.spares.append((actor, bundle_index, info["node_id"]))
             self.events.emit(
                 "spare_ready", bundle=bundle_index, node=info["node_id"], spares=len(self.spares)
             )
 
-    def _create_worker(self, rank: int | None, bundle_index: int) -> Any:
+    def _take_spare(self, rank: int) -> tuple[Any, int | None] | None:
+        """A ready spare on a healthy node, now holding `rank`; None if there is none."""
+        bad = self._bad_nodes()
+        for entry in list(self.spares):
+            actor, bundle_index, node = entry
+            if node in bad:
+                continue
+            self.spares.remove(entry)
+            try:
+                ray.get(actor.assume.remote(rank), timeout=10)
+            except (RayActorError, GetTimeoutError) as e:
+                self.events.emit("spare_failed", bundle=bundle_index, message=_actor_error_text(e))
+                ray.kill(actor, no_restart=True)
+                self._start_spare(self._usable_bundle(bundle_index))
+                continue
+            return actor, bundle_index
+        return None
+
+    def _create_worker(self, rank: int | None, bundle_index: int | None) -> Any:
         spec = self.spec
-        node = self.bundle_node[bundle_index]
+        if bundle_index is not None:
+            strategy: Any = PlacementGroupSchedulingStrategy(
+                self.pg, placement_group_bundle_index=bundle_index
+            )
+        elif bad := self._bad_nodes():
+            strategy = NodeLabelSchedulingStrategy(hard={"ray.io/node-id": NotIn(*sorted(bad))})
+        else:
+            strategy = "DEFAULT"
         options: dict[str, Any] = {
             "num_cpus": spec.resources.cpu,
             "num_gpus": spec.resources.gpu,
@@ -234,9 +330,7 @@ class JobSupervisor:
             "max_concurrency": 4,
             "max_restarts": 0,
             "max_task_retries": 0,
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                self.pg, placement_group_bundle_index=bundle_index
-            ),
+            "scheduling_strategy": strategy,
         }
         if spec.runtime_env:
             options["runtime_env"] = spec.runtime_env
@@ -248,24 +342,29 @@ class JobSupervisor:
                 spec=self.spec_dict,
                 rank=rank,
                 world_size=spec.workers,
-                agent=self.agents[node],
                 base_dir=self.base_dir,
+                supervisor=self.handle,
             )
         )
 
-    def _await_ready(self, ranks: list[int]) -> None:
+    def _await_ready(self, ranks: list[int], timeout_s: float) -> None:
         refs = {self.workers[r].ready.remote(): r for r in ranks}
         try:
-            infos = ray.get(list(refs), timeout=self.spec.failure.scheduling_timeout_s)
+            infos = ray.get(list(refs), timeout=timeout_s)
         except GetTimeoutError:
             raise SchedulingError(
-                f"workers {sorted(refs.values())} did not start within "
-                f"failure.scheduling_timeout_s={self.spec.failure.scheduling_timeout_s}"
+                f"workers {sorted(refs.values())} did not start within {timeout_s:.0f} s "
+                "(failure.scheduling_timeout_s, or failure.replacement_timeout_s for a "
+                "replacement); no healthy node had room for them"
             ) from None
         except RayActorError as e:
             raise SchedulingError(f"a worker failed to start: {_actor_error_text(e)}") from None
+        attached = []
         for info in infos:
             self.worker_info[info["rank"]] = info
+            agent = self._ensure_agent(info["node_id"])
+            attached.append(self.workers[info["rank"]].attach.remote(agent))
+        ray.get(attached, timeout=30)
 
     def _local_ranks(self) -> dict[int, int]:
         by_node: dict[str, list[int]] = defaultdict(list)
@@ -299,12 +398,13 @@ class JobSupervisor:
                 timeout=datetime.timedelta(seconds=self.spec.failure.rendezvous_timeout_s),
             )
             rendezvous.update(host=host, port=self._store.port)
-        faults = [
-            {**f.model_dump(mode="json"), "index": i}
-            for i, f in enumerate(self.spec.chaos.faults)
-            if i not in self.fired
-        ]
+        faults = self._faults_for_generation()
         local = self._local_ranks()
+        self.monitor.start_generation(
+            {r: (self.worker_info[r]["node_id"], self.worker_info[r]["pid"]) for r in self.workers},
+            time.time(),
+        )
+        self._throughput_mark = None
         self.futures = {}
         self.finished = {}
         for rank, worker in self.workers.items():
@@ -319,11 +419,30 @@ class JobSupervisor:
             rendezvous_port=rendezvous.get("port"),
         )
 
+    def _faults_for_generation(self) -> list[dict[str, Any]]:
+        faults = []
+        for i, f in enumerate(self.spec.chaos.faults):
+            if i in self.fired:
+                continue
+            fault = {**f.model_dump(mode="json"), "index": i}
+            if f.kind == "kill_node" and self.worker_info[f.rank]["node_id"] == self.home_node:
+                # Killing this node would kill the supervisor (and on a cluster's head node,
+                # the cluster): refused, with the reason in the event log.
+                self.fired.add(i)
+                self.events.emit(
+                    "fault_refused",
+                    **fault,
+                    reason="the node hosting this rank also hosts the job's supervisor",
+                )
+                continue
+            faults.append(fault)
+        return faults
+
     def _shard_source(self, rank: int, step: int | None) -> Any:
         if step is None:
             return None
         own = self.worker_info[rank]["node_id"]
-        nodes = [own] + [n for n in self.stored if n != own]
+        nodes = [own] + [n for n in self.stored if n != own and n in self.agents]
         for node in nodes:
             if step in self.stored.get(node, {}).get(rank, ()):
                 return self.agents[node]
@@ -340,6 +459,7 @@ class JobSupervisor:
             self._collect(ref)
         if time.time() - self._last_poll >= AGENT_POLL_INTERVAL_S or self.pending:
             self._poll_agents()
+            self._detect()
         if self.pending:
             self._handle_failures()
         elif len(self.finished) == len(self.workers) and not self.futures:
@@ -352,19 +472,23 @@ class JobSupervisor:
             out = ray.get(ref)
         except RayActorError as e:
             f = WorkerFailure(
-                FailureKind.WORKER_DIED,
+                classify_death(str(e)),
                 rank,
                 self.worker_info[rank]["node_id"],
                 now,
                 step=self.beats.get(rank, {}).get("step"),
                 message=_actor_error_text(e),
+                process_lost=True,
             )
             self.pending.append(f)
             return f
         if out["outcome"] in ("finished", "interrupted"):
             self.finished[rank] = out
             return None
-        kind = FailureKind.USER_ERROR if out["outcome"] == "user_error" else FailureKind.COMM_ERROR
+        kind = {
+            "user_error": FailureKind.USER_ERROR,
+            "oom": FailureKind.OOM,
+        }.get(out["outcome"], FailureKind.COMM_ERROR)
         f = WorkerFailure(
             kind,
             rank,
@@ -379,17 +503,30 @@ class JobSupervisor:
         self.pending.append(f)
         return f
 
-    def _poll_agents(self) -> None:
+    def _poll_agents(self, wait_s: float = 0.0) -> None:
+        """Ask every agent for its report; take the answers that are in (waiting up to
+        `wait_s` for all). An agent that does not answer is not waited for: its silence
+        is what node-loss detection measures."""
         self._last_poll = time.time()
-        nodes = list(self.agents)
-        refs = [self.agents[n].report.remote() for n in nodes]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)
+        for node, agent in self.agents.items():
+            if node not in self._reports:
+                self._reports[node] = agent.report.remote()
+                self.monitor.node_asked(node, self._last_poll)
+        node_of = {ref: node for node, ref in self._reports.items()}
+        ready, _ = ray.wait(list(node_of), num_returns=len(node_of), timeout=wait_s)
         reports = []
         for ref in ready:
+            node = node_of[ref]
+            del self._reports[node]
             try:
                 reports.append(ray.get(ref))
             except RayActorError:
-                continue  # a lost node's agent: the health issue acts on its silence
+                self.monitor.agent_died(node)
+                continue
+            self.monitor.node_answered(node)
+        if time.time() - self._last_ray_check >= RAY_NODES_CHECK_S:
+            self._last_ray_check = time.time()
+            self.monitor.ray_states({n["NodeID"]: bool(n["Alive"]) for n in ray.nodes()})
         merged: dict[int, set[int]] = defaultdict(set)
         with self._lock:
             for rep in reports:
@@ -400,10 +537,10 @@ class JobSupervisor:
                     rank = int(rank)
                     if rank in self.workers and beat["pid"] == self.worker_info[rank]["pid"]:
                         self.beats[rank] = beat
-                for fault in rep["faults"]:
-                    self.fault_records.append(fault)
-                    self.fired.add(fault["index"])
-                    self.events.emit("fault_injected", **fault)
+                        if beat.get("generation") == self.generation:
+                            self.monitor.beat(rank, beat)
+                if rep["gpus"]:
+                    self._judge_gpus(rep["node"], rep["gpus"])
             before = self.commit.committed
             committed = self.commit.observe({r: merged.get(r, set()) for r in self.workers})
         if committed != before and committed is not None:
@@ -414,6 +551,191 @@ class JobSupervisor:
                     agent.prune.remote(below=drop)
         self._close_recovery()
 
+    # --- detection ----------------------------------------------------------------------------
+
+    def _detect(self) -> None:
+        """Run the detectors on what the agents reported; failures go to self.pending."""
+        if self.sm.state is not JobState.RUNNING:
+            return
+        now = time.time()
+        self._expire_cordons(now)
+        self._throughput(now)
+        lost, reason = self.monitor.lost_nodes(now)
+        for node in lost:
+            self._node_lost(node, reason, now)
+        if self.pending:
+            return
+        hang, reason = self.monitor.hang(now)
+        if hang is not None:
+            self._on_hang(hang, reason, now)
+            return
+        self._on_stragglers(now)
+
+    def _node_lost(self, node: str, reason: str, now: float) -> None:
+        ranks = self.monitor.ranks_on(node)
+        self.lost_nodes.add(node)
+        self.monitor.forget_node(node)
+        self._reports.pop(node, None)
+        self.agents.pop(node, None)
+        self.stored.pop(node, None)
+        dropped = [s for s in self.spares if s[2] == node]
+        self.spares = [s for s in self.spares if s[2] != node]
+        for actor, _, _ in dropped:
+            ray.kill(actor, no_restart=True)
+        self.events.emit(
+            "node_lost", node=node, ranks=ranks, spares_lost=len(dropped), reason=reason
+        )
+        for rank in ranks:
+            self.pending.append(
+                WorkerFailure(
+                    FailureKind.NODE_LOST,
+                    rank,
+                    node,
+                    now,
+                    step=self.beats.get(rank, {}).get("step"),
+                    message=reason,
+                )
+            )
+
+    def _on_hang(self, hang: Hang, reason: str, now: float) -> None:
+        stacks = self._capture_stacks()
+        self.events.emit(
+            "hang",
+            culprits=list(hang.culprits),
+            waiting=list(hang.waiting),
+            stalled_s=round(hang.stalled_for_s, 3),
+            reason=reason,
+        )
+        self.events.emit("stacks", generation=self.generation, reason=reason, stacks=stacks)
+        kind = FailureKind.HUNG if hang.culprits else FailureKind.COMM_ERROR
+        for rank in hang.culprits or hang.waiting:
+            self.pending.append(
+                WorkerFailure(
+                    kind,
+                    rank,
+                    self.worker_info[rank]["node_id"],
+                    now,
+                    step=self.beats.get(rank, {}).get("step"),
+                    error_type="Hang" if hang.culprits else "StuckCollective",
+                    message=reason,
+                )
+            )
+
+    def _capture_stacks(self) -> dict[int, dict[str, Any]]:
+        """Every rank's Python stacks: asked of the worker (another of its threads answers);
+        a worker that cannot answer is dumped from outside by its node's agent (py-spy)."""
+        refs = {self.workers[r].stacks.remote(): r for r in self.workers}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=3.0)
+        out: dict[int, dict[str, Any]] = {}
+        for ref in ready:
+            with contextlib.suppress(RayActorError):
+                out[refs[ref]] = ray.get(ref)
+        missing = [r for r in self.workers if r not in out]
+        dumps = {}
+        for rank in missing:
+            info = self.worker_info[rank]
+            agent = self.agents.get(info["node_id"])
+            if agent is not None:
+                dumps[agent.dump_stacks.remote(info["pid"])] = rank
+        if dumps:
+            ready, _ = ray.wait(list(dumps), num_returns=len(dumps), timeout=15.0)
+            for ref in ready:
+                out[dumps[ref]] = {"rank": dumps[ref], **ray.get(ref)}
+        for rank in self.workers:
+            out.setdefault(rank, {"rank": rank, "via": None, "text": "no stack: no answer"})
+        return out
+
+    def _on_stragglers(self, now: float) -> None:
+        report, reason = self.monitor.stragglers()
+        flagged = set(report.flagged)
+        for rank in sorted(self._straggling - flagged):
+            self.events.emit("straggler_cleared", rank=rank, score=report.scores.get(rank))
+        new = sorted(flagged - self._straggling)
+        self._straggling = flagged
+        if not new:
+            return
+        node_of = {r: self.worker_info[r]["node_id"] for r in self.workers}
+        bad = self._bad_nodes()
+        spare_nodes = frozenset(n for _, _, n in self.spares if n not in bad)
+        decision, action_reason = straggler_decision(
+            tuple(new), self.spec.health.straggler.policy, node_of, spare_nodes, self._budget()
+        )
+        for rank in new:
+            flag = {
+                "rank": rank,
+                "node": node_of[rank],
+                "score": report.scores.get(rank),
+                "through_step": report.through_step,
+                "at": now,
+                "action": decision.action.value,
+            }
+            self.stragglers.append(flag)
+            self.events.emit(
+                "straggler",
+                **flag,
+                scores=report.scores,
+                steps_per_s=self._recent_rate(),
+                reason=reason,
+                decision=action_reason,
+            )
+        if decision.action is Action.REPLACE:
+            for rank in decision.ranks:
+                self.pending.append(
+                    WorkerFailure(
+                        FailureKind.STRAGGLER,
+                        rank,
+                        node_of[rank],
+                        now,
+                        step=self.beats.get(rank, {}).get("step"),
+                        error_type="Straggler",
+                        message=reason,
+                    )
+                )
+
+    def _judge_gpus(self, node: str, gpus: list[dict[str, Any]]) -> None:
+        verdict, _reason = self.monitor.gpu_readings(node, gpus)
+        now = time.time()
+        for (gnode, index), why in verdict.info.items():
+            self.events.emit("gpu_note", node=gnode, gpu=index, reason=why)
+        for (gnode, index), why in verdict.fatal.items():
+            ranks = self.monitor.ranks_on(gnode)
+            self.events.emit("gpu_fatal", node=gnode, gpu=index, ranks=ranks, reason=why)
+            for rank in ranks:
+                self.pending.append(
+                    WorkerFailure(FailureKind.GPU_FATAL, rank, gnode, now, message=why)
+                )
+        for (gnode, index), why in verdict.application.items():
+            ranks = self.monitor.ranks_on_gpu(gnode, index)
+            self.events.emit("gpu_error", node=gnode, gpu=index, ranks=ranks, reason=why)
+            for rank in ranks:
+                self.pending.append(
+                    WorkerFailure(FailureKind.GPU_ERROR, rank, gnode, now, message=why)
+                )
+
+    def _expire_cordons(self, now: float) -> None:
+        for c in self.cordons.expire(now):
+            self.events.emit("uncordoned", node=c.node, reason="cordon TTL passed")
+
+    def _recent_rate(self) -> float | None:
+        mark = self._throughput_mark
+        if mark is None:
+            return None
+        t, step = mark
+        now_step = self.progress()["step"]
+        return round((now_step - step) / (time.time() - t), 3) if time.time() > t else None
+
+    def _throughput(self, now: float) -> None:
+        step = self.progress()["step"]
+        mark = self._throughput_mark
+        if mark is None:
+            self._throughput_mark = (now, step)
+        elif now - mark[0] >= THROUGHPUT_EVENT_S:
+            rate = (step - mark[1]) / (now - mark[0])
+            self.events.emit(
+                "throughput", generation=self.generation, step=step, steps_per_s=round(rate, 3)
+            )
+            self._throughput_mark = (now, step)
+
     def _budget(self) -> Budget:
         return Budget(
             self.restarts,
@@ -423,7 +745,9 @@ class JobSupervisor:
         )
 
     def _handle_failures(self) -> None:
-        decision, reason = decide(self.pending, self._budget(), time.time())
+        decision, reason = decide(
+            self.pending, self._budget(), time.time(), node_history=self.incidents
+        )
         if decision.action is Action.NOOP:
             return
         failures, self.pending = self.pending, []
@@ -434,6 +758,19 @@ class JobSupervisor:
             reason=reason,
             failures=[_failure_event(f) for f in failures],
         )
+        now = time.time()
+        self.incidents.extend(
+            (n, now)
+            for n in {f.node for f in failures if f.node and f.failure_class in NODE_CLASSES}
+            if n not in self.lost_nodes
+        )
+        for node in decision.cordon:
+            if node not in self.lost_nodes:
+                c = self.cordons.cordon(node, reason, now)
+                self.cordon_log.append(
+                    {"node": node, "at": now, "until": c.until, "reason": reason}
+                )
+                self.events.emit("cordoned", node=node, until=c.until, reason=reason)
         if decision.action is Action.FAIL:
             root = _root_cause(failures)
             self.error = {
@@ -454,14 +791,19 @@ class JobSupervisor:
     def _recover(self, decision: Decision, reason: str, failures: list[WorkerFailure]) -> None:
         t_decided = time.time()
         self.restarts += 1
-        if any(f.kind is FailureKind.USER_ERROR for f in failures):
+        if any(f.kind in (FailureKind.USER_ERROR, FailureKind.OOM) for f in failures):
             self.user_errors += 1
         self._set(JobState.RECOVERING, reason)
         replace = set(decision.ranks)
         gen = self.generation
 
-        # 1. Release survivors: fail their collectives, unwind their loops.
+        # 1. Release survivors: fail their collectives, unwind their loops. Ranks to be
+        # replaced (dead, hung, on a lost or cordoned node) are killed first.
         t0 = time.time()
+        for ref, rank in list(self.futures.items()):
+            if rank in replace:
+                self.futures.pop(ref)
+                ray.kill(self.workers[rank], no_restart=True)
         for rank, worker in self.workers.items():
             if rank not in replace:
                 worker.abort.remote(gen, reason)
@@ -490,10 +832,12 @@ class JobSupervisor:
         self.pending = [p for p in self.pending if p.kind is not FailureKind.COMM_ERROR]
         t_aborted = time.time()
 
-        # 2. Replace lost ranks: a warm spare if one is ready, else a new worker in the lost
-        # rank's bundle. A used spare's place is refilled in the background.
+        # 2. Replace lost ranks: a warm spare on a healthy node if one is ready, else a new
+        # worker in the lost rank's bundle if its node is healthy, else on any healthy node
+        # (outside the placement group). A used spare's place is refilled in the background.
         self._check_spares()
         used_spares = {}
+        placed = {}
         for rank in sorted(replace):
             ray.kill(self.workers[rank], no_restart=True)
             self.beats.pop(rank, None)
@@ -505,42 +849,60 @@ class JobSupervisor:
                 timeout=5,
             )
             freed = self.bundle_of[rank]
-            while self.spares:
-                actor, bundle_index = self.spares.pop(0)
-                try:
-                    ray.get(actor.assume.remote(rank), timeout=10)
-                except (RayActorError, GetTimeoutError) as e:
-                    self.events.emit(
-                        "spare_failed", bundle=bundle_index, message=_actor_error_text(e)
-                    )
-                    ray.kill(actor, no_restart=True)
-                    self._start_spare(bundle_index)
-                    continue
-                self.workers[rank], self.bundle_of[rank] = actor, bundle_index
-                used_spares[rank] = bundle_index
-                self._start_spare(freed)
-                break
+            spare = self._take_spare(rank)
+            if spare is not None:
+                self.workers[rank], self.bundle_of[rank] = spare
+                used_spares[rank] = spare[1]
+                self._start_spare(self._usable_bundle(freed))
             else:
-                self.workers[rank] = self._create_worker(rank, freed)
+                self.bundle_of[rank] = self._usable_bundle(freed)
+                self.workers[rank] = self._create_worker(rank, self.bundle_of[rank])
+            placed[rank] = (
+                "spare"
+                if spare
+                else ("bundle" if self.bundle_of[rank] is not None else "healthy node")
+            )
         if used_spares:
             self.events.emit("spares_used", ranks=used_spares, spares_left=len(self.spares))
         if replace:
             try:
-                self._await_ready(sorted(replace))
+                self._await_ready(sorted(replace), self.spec.failure.replacement_timeout_s)
             except SchedulingError as e:
                 self.error = {"message": f"recovery failed: {e}"}
                 self._set(JobState.FAILED, self.error["message"])
                 return
+            self.events.emit(
+                "replaced",
+                ranks={
+                    r: {"node": self.worker_info[r]["node_id"], "via": placed[r]}
+                    for r in sorted(replace)
+                },
+            )
         t_replaced = time.time()
 
         # 3. Roll back to the newest committed step and start a new generation there.
-        self._poll_agents()
+        self._poll_agents(wait_s=2.0)
+        if any(f.kind is FailureKind.NODE_LOST for f in failures):
+            # A lost node took its shards along: commit only what the living stores hold.
+            merged: dict[int, set[int]] = defaultdict(set)
+            for per_rank in self.stored.values():
+                for r, steps in per_rank.items():
+                    merged[int(r)].update(steps)
+            self.commit.reset(merged)
+            if self.commit.committed is None:
+                self.events.emit(
+                    "restart_from_scratch",
+                    reason="the lost node held the only copy of some ranks' shards "
+                    "(cross-node replicas are not kept yet)",
+                )
         restore = self.commit.committed
-        if restore is not None:
-            self.commit.rollback(restore)
-            for agent in self.agents.values():
-                agent.prune.remote(above=restore)
-        self._record_failures(failures, restored_step=restore, decided_at=t_decided)
+        self.commit.rollback(restore if restore is not None else -1)
+        for agent in self.agents.values():
+            agent.prune.remote(above=restore if restore is not None else -1)
+        # From scratch counts as restoring step 0.
+        self._record_failures(
+            failures, restored_step=restore if restore is not None else 0, decided_at=t_decided
+        )
         self.open_recovery = {
             "generation": self.generation + 1,
             "failures": self.failures[-len(failures) :],
@@ -560,7 +922,15 @@ class JobSupervisor:
     def _record_failures(
         self, failures: list[WorkerFailure], restored_step: int | None, decided_at: float
     ) -> None:
-        injected = {f["rank"]: f for f in self.fault_records}
+        def fault_of(f: WorkerFailure) -> dict[str, Any] | None:
+            for rec in self.fault_records:
+                if rec["rank"] == f.rank or (
+                    rec["kind"] in NODE_FAULTS and rec.get("node_id") == f.node
+                ):
+                    return rec
+            return None
+
+        used = []
         reached = max(
             [b.get("step", 0) for b in self.beats.values()]
             + [o.get("step", 0) for o in self.finished.values()]
@@ -571,7 +941,9 @@ class JobSupervisor:
                 g.kind is not FailureKind.COMM_ERROR for g in failures
             ):
                 continue  # a symptom of the root cause, not a failure of its own
-            fault = injected.get(f.rank)
+            fault = fault_of(f)
+            if fault is not None:
+                used.append(fault)
             t_fail = fault["at"] if fault else None
             self.failures.append(
                 {
@@ -581,12 +953,8 @@ class JobSupervisor:
                     "step": fault["step"] if fault else f.step,
                     "injected": fault is not None,
                     "error_type": f.error_type,
-                    # Ray's text for a killed actor guesses at OOM; say what really happened.
-                    "message": (
-                        f"killed by chaos fault {fault['kind']} before step {fault['step']}"
-                        if fault
-                        else f.message
-                    ),
+                    "failure_class": f.failure_class.value,
+                    "message": _describe(f, fault),
                     "failed_at": t_fail,
                     "detected_at": f.at,
                     "detected_after_s": round(f.at - t_fail, 4) if t_fail else None,
@@ -598,7 +966,8 @@ class JobSupervisor:
                     "recovered_after_s": None,
                 }
             )
-            if fault:
+        for fault in used:
+            if fault in self.fault_records:
                 self.fault_records.remove(fault)
 
     def _close_recovery(self) -> None:
@@ -651,13 +1020,13 @@ class JobSupervisor:
             self.error = {"message": f"ranks ended with different models: {sorted(digests)}"}
             self._set(JobState.FAILED, self.error["message"])
             return
-        self._poll_agents()
+        self._poll_agents(wait_s=2.0)
         self._set(
             JobState.SUCCEEDED, f"all {self.spec.workers} ranks finished {self.spec.steps} steps"
         )
 
     def _teardown(self) -> None:
-        spares = [a for a, _ in self.spares] + [a for a, _ in self.spares_starting.values()]
+        spares = [s[0] for s in self.spares] + [a for a, _ in self.spares_starting.values()]
         for worker in [*self.workers.values(), *spares]:
             ray.kill(worker, no_restart=True)
         # Agents delete their shared-memory files; one that is gone took them with its node.
@@ -705,6 +1074,9 @@ class JobSupervisor:
             if state is JobState.SUCCEEDED and run_s > 0
             else None,
             "committed_step": self.commit.committed,
+            "cordoned": self.cordon_log,
+            "lost_nodes": sorted(self.lost_nodes),
+            "stragglers": self.stragglers,
             "checkpoint": _pipeline_summary(outs),
             "error": self.error,
         }
@@ -731,6 +1103,18 @@ def _pipeline_summary(outs: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
+def _describe(f: WorkerFailure, fault: dict[str, Any] | None) -> str | None:
+    if fault is None:
+        return f.message
+    if f.kind is FailureKind.WORKER_DIED:
+        # Ray's text for a killed actor guesses at OOM; say what really happened.
+        return f"killed by chaos fault {fault['kind']} before step {fault['step']}"
+    first = (f.message or "").strip().splitlines()[:1]
+    return f"chaos fault {fault['kind']} at step {fault['step']}" + (
+        f": {first[0][:300]}" if first else ""
+    )
+
+
 def _failure_event(f: WorkerFailure) -> dict[str, Any]:
     return {
         "kind": f.kind.value,
@@ -743,8 +1127,9 @@ def _failure_event(f: WorkerFailure) -> dict[str, Any]:
 
 
 def _root_cause(failures: list[WorkerFailure]) -> WorkerFailure:
-    order = {FailureKind.USER_ERROR: 0, FailureKind.WORKER_DIED: 1, FailureKind.COMM_ERROR: 2}
-    return min(failures, key=lambda f: (order[f.kind], f.at))
+    # The exception a user can act on first, a symptom (a collective error) last.
+    order = {FailureKind.USER_ERROR: 0, FailureKind.OOM: 0, FailureKind.COMM_ERROR: 2}
+    return min(failures, key=lambda f: (order.get(f.kind, 1), f.at))
 
 
 def _actor_error_text(e: BaseException) -> str:

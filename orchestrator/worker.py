@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import sys
 import threading
 import time
 import traceback
@@ -23,6 +24,9 @@ import torch.distributed as dist
 
 from ckpt.pipeline import SnapshotPipeline
 from ckpt.snapshot import Snapshot
+from health.classify import classify_exception
+from health.observations import FailureKind
+from orchestrator import chaos
 from orchestrator.collective import ElasticGroup, GroupAborted, make_ddp
 from orchestrator.context import TrainContext
 from orchestrator.entrypoint import load_entrypoint
@@ -30,26 +34,12 @@ from orchestrator.spec import JobSpec
 
 HEARTBEAT_INTERVAL_S = 0.25
 
-# Transport failures of a collective, as gloo and NCCL word them.
-_COMM_MARKERS = (
-    "Connection reset",
-    "Connection closed",
-    "Broken pipe",
-    "gloo",
-    "NCCL",
-    "Socket Timeout",
-    "Timed out",
-    "ProcessGroup",
-)
-
 
 def is_comm_error(exc: BaseException) -> bool:
     if isinstance(exc, GroupAborted):
         return True
-    text = f"{type(exc).__name__}: {exc}"
-    return isinstance(exc, RuntimeError | dist.DistBackendError) and any(
-        m in text for m in _COMM_MARKERS
-    )
+    comm_type = isinstance(exc, RuntimeError | dist.DistBackendError)
+    return classify_exception(type(exc).__name__, str(exc), comm_type) is FailureKind.COMM_ERROR
 
 
 class TrainWorker:
@@ -60,13 +50,14 @@ class TrainWorker:
         spec: dict[str, Any],
         rank: int | None,
         world_size: int,
-        agent: Any,
         base_dir: str | None,
+        supervisor: Any = None,
     ):
         self.job = job
         self.rank = rank
         self.world_size = world_size
-        self.agent = agent
+        self.agent: Any = None  # this node's agent, attached once the worker is placed
+        self.supervisor = supervisor
         self.node_id = ray.get_runtime_context().get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
         self.spec = spec
@@ -77,6 +68,10 @@ class TrainWorker:
         self.device = torch.device("cuda", 0) if self.backend == "nccl" else torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        # The GPU's index as NVML numbers it (Ray hands out physical ids); without GPUs,
+        # the fake probe's GPU k stands for the node's k-th rank.
+        gpu_ids = ray.get_gpu_ids()
+        self.gpu_index: int | None = int(gpu_ids[0]) if gpu_ids else None
         self.group = ElasticGroup()
         self._transport: str | None = None
         self._maps: dict[str, np.ndarray] = {}  # slot file -> this process's mapping
@@ -103,7 +98,12 @@ class TrainWorker:
             "pid": os.getpid(),
             "backend": self.backend,
             "device": str(self.device),
+            "gpu_index": self.gpu_index,
         }
+
+    def attach(self, agent: Any) -> None:
+        """Use `agent` (this node's) for shards and heartbeats."""
+        self.agent = agent
 
     def assume(self, rank: int) -> None:
         """A spare takes over `rank`; its next run() joins the job as that rank."""
@@ -184,7 +184,12 @@ class TrainWorker:
             if ctx._interrupt is not None or (interrupted and is_comm_error(e)):
                 return self._outcome("interrupted", timings)
             # Failing to form the group is the infrastructure's fault, not the user's.
-            kind = "comm_error" if is_comm_error(e) or not in_user_code else "user_error"
+            if is_comm_error(e) or not in_user_code:
+                kind = "comm_error"
+            elif classify_exception(type(e).__name__, str(e)) is FailureKind.OOM:
+                kind = "oom"
+            else:
+                kind = "user_error"
             return self._outcome(
                 kind,
                 timings,
@@ -272,8 +277,36 @@ class TrainWorker:
         return ray.get((source or self.agent).get_shard.remote(self.rank, step))
 
     def _on_fault(self, fault: dict[str, Any]) -> None:
-        # Synchronous, so the record exists before the process disappears.
-        ray.get(self.agent.record_fault.remote({**fault, "node_id": self.node_id}))
+        # Recorded synchronously, at the supervisor (a node fault takes the agent with it),
+        # before the process or its node disappears.
+        record = {**fault, "node_id": self.node_id}
+        if self.supervisor is not None:
+            ray.get(self.supervisor.record_fault.remote(record))
+        chaos.carry_out(
+            fault,
+            slow_down=self.ctx.slow_down,
+            inject_gpu_fault=lambda xid: ray.get(
+                self.agent.inject_gpu_fault.remote(self._gpu_for_probe(), xid)
+            ),
+        )
+
+    def _gpu_for_probe(self) -> int:
+        return self.gpu_index if self.gpu_index is not None else self.ctx.local_rank
+
+    def stacks(self) -> dict[str, Any]:
+        """Every thread's Python stack, for a hang report (served by another actor thread)."""
+        frames = sys._current_frames()
+        names = {t.ident: t.name for t in threading.enumerate()}
+        text = []
+        for ident, frame in frames.items():
+            text.append(f"Thread {names.get(ident, ident)}:")
+            text.extend(line.rstrip("\n") for line in traceback.format_stack(frame))
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "via": "sys._current_frames",
+            "text": "\n".join(text),
+        }
 
     def _beat(self) -> dict[str, Any]:
         p = self.ctx.progress if self.ctx else None
@@ -285,6 +318,10 @@ class TrainWorker:
             "metrics": dict(p.metrics) if p else {},
             "samples": p.samples if p else 0.0,
             "compute_seconds": p.compute_seconds if p else 0.0,
+            "recent": list(p.recent) if p else [],
+            "collective_since": self._collective_since(),
+            "rss_bytes": _rss_bytes(),
+            "gpu_index": self._gpu_for_probe() if self.ctx else self.gpu_index,
             "sent_at": time.time(),
             "timings": {
                 **self._timings,
@@ -302,13 +339,25 @@ class TrainWorker:
             "snapshot": vars(self.pipeline.stats).copy(),
         }
 
+    def _collective_since(self) -> float | None:
+        since = self.group.pending_since()
+        return None if since is None else time.time() - (time.monotonic() - since)
+
     def _beat_loop(self) -> None:
         while not self._stop.wait(HEARTBEAT_INTERVAL_S):
-            if self.rank is None:
+            if self.rank is None or self.agent is None:
                 continue  # an idle spare has nothing to report yet
             # If the agent is gone the call fails; the supervisor notices the silence.
             with contextlib.suppress(Exception):
                 self.agent.heartbeat.remote(self.rank, self._beat())
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
 
 
 def _warm_up() -> None:

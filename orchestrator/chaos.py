@@ -1,0 +1,90 @@
+"""Chaos actions a worker carries out on itself or its node when a fault's step comes.
+
+The job spec's ``chaos.faults`` name a rank and a step; the worker holding that rank calls
+``carry_out`` from its training thread. Process-level faults (kill_worker, hang) act on the
+worker; node-level faults (kill_node, gpu_xid) act on the node hosting it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        fields = text[text.rindex(")") + 2 :].split()
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, children before their parents' siblings."""
+    found, todo = [], [pid]
+    while todo:
+        for child in _children(todo.pop()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def raylet_of_this_worker() -> int:
+    """The raylet that started this worker process (Ray workers are its children)."""
+    ppid = os.getppid()
+    cmdline = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")[0]
+    if not cmdline.endswith(b"raylet"):
+        raise RuntimeError(
+            f"kill_node: this worker's parent (pid {ppid}, {cmdline.decode(errors='replace')}) "
+            "is not a raylet; refusing to guess which processes make up the node"
+        )
+    return ppid
+
+
+def kill_node() -> None:
+    """Kill every Ray process of this node: the raylet, all its workers (this one last)."""
+    raylet = raylet_of_this_worker()
+    me = os.getpid()
+    for pid in [*reversed(descendants(raylet)), raylet]:
+        if pid != me:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    os.kill(me, signal.SIGKILL)
+
+
+def hang_forever() -> None:
+    """Block the calling thread as a deadlock would: no exception, no return."""
+    while True:
+        time.sleep(3600)
+
+
+def carry_out(
+    fault: dict[str, Any],
+    *,
+    slow_down: Callable[[float], None],
+    inject_gpu_fault: Callable[[int], None],
+) -> None:
+    kind = fault["kind"]
+    if kind == "kill_worker":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "kill_node":
+        kill_node()
+    elif kind == "hang":
+        hang_forever()
+    elif kind == "slow":
+        slow_down(fault["factor"])
+    elif kind == "gpu_xid":
+        inject_gpu_fault(fault["xid"])
+    else:
+        raise ValueError(f"unknown chaos fault kind {kind!r}")

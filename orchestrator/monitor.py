@@ -1,0 +1,139 @@
+"""The health monitor: turns agent reports into the observations health/ detectors read.
+
+It keeps, per node, when its agent last answered and what Ray says of it; per rank, its
+latest heartbeat, when its step last moved and its recent compute times; per GPU, the
+readings. The supervisor feeds it and asks it; the detectors and policies in health/
+decide. Nothing here acts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from health.liveness import Hang, hung_ranks, lost_nodes
+from health.observations import NodeView, RankView
+from health.straggler import StragglerConfig, StragglerReport, straggler_scores
+from health.xid import GpuReading, GpuVerdict, judge_gpus
+from orchestrator.spec import HealthSpec
+
+
+@dataclass
+class _Rank:
+    node: str
+    pid: int
+    step: int = 0
+    step_changed_at: float = 0.0
+    beat_at: float = 0.0
+    collective_since: float | None = None
+    gpu_index: int | None = None
+
+
+class HealthMonitor:
+    def __init__(self, health: HealthSpec):
+        self.cfg = health
+        s = health.straggler
+        self.straggler_cfg = StragglerConfig(
+            s.threshold, s.window_steps, s.consecutive_windows, s.min_excess_s
+        )
+        self.nodes: dict[str, NodeView] = {}
+        self.ranks: dict[int, _Rank] = {}
+        self.history: dict[int, dict[int, float]] = {}
+        self.gpus: dict[tuple[str, int], GpuReading] = {}
+        self._ecc_base: dict[tuple[str, int], int] = {}
+        self._notes: dict[tuple[str, int], str] = {}  # last info finding per GPU (dedupe)
+        self.last_scores: dict[int, float] = {}  # latest straggler score per rank
+
+    # --- nodes ------------------------------------------------------------------------------
+
+    def forget_node(self, node: str) -> None:
+        self.nodes.pop(node, None)
+
+    def node_asked(self, node: str, now: float) -> None:
+        """A report request went to `node`'s agent (watched once it first answered)."""
+        v = self.nodes.get(node)
+        if v is not None and v.unanswered_since is None:
+            self.nodes[node] = replace(v, unanswered_since=now)
+
+    def node_answered(self, node: str) -> None:
+        v = self.nodes.get(node)
+        self.nodes[node] = replace(v, unanswered_since=None) if v else NodeView(node)
+
+    def agent_died(self, node: str) -> None:
+        if node in self.nodes:
+            self.nodes[node] = replace(self.nodes[node], agent_dead=True)
+
+    def ray_states(self, alive: dict[str, bool]) -> None:
+        for node, v in list(self.nodes.items()):
+            if node in alive and alive[node] != v.ray_alive:
+                self.nodes[node] = replace(v, ray_alive=alive[node])
+
+    def lost_nodes(self, now: float) -> tuple[list[str], str]:
+        return lost_nodes(list(self.nodes.values()), now, self.cfg.heartbeat_timeout_s)
+
+    # --- ranks ------------------------------------------------------------------------------
+
+    def start_generation(self, ranks: dict[int, tuple[str, int]], now: float) -> None:
+        """`ranks`: rank -> (node, pid) of the generation about to run."""
+        self.ranks = {r: _Rank(node, pid, 0, now, now) for r, (node, pid) in ranks.items()}
+        self.history = {r: {} for r in ranks}
+        self.last_scores = {}
+
+    def beat(self, rank: int, beat: dict[str, Any]) -> None:
+        r = self.ranks.get(rank)
+        if r is None or beat.get("pid") != r.pid:
+            return  # a replaced process's late heartbeat
+        if beat["step"] != r.step:
+            r.step, r.step_changed_at = beat["step"], beat["received_at"]
+        r.beat_at = beat["received_at"]
+        r.collective_since = beat.get("collective_since")
+        r.gpu_index = beat.get("gpu_index")
+        h = self.history[rank]
+        for step, seconds in beat.get("recent", ()):
+            h[step] = seconds
+        keep = 4 * self.straggler_cfg.span
+        if len(h) > keep:
+            for step in sorted(h)[:-keep]:
+                del h[step]
+
+    def rank_views(self) -> list[RankView]:
+        return [
+            RankView(rank, r.node, r.step, r.step_changed_at, r.beat_at, r.collective_since)
+            for rank, r in self.ranks.items()
+        ]
+
+    def hang(self, now: float) -> tuple[Hang | None, str]:
+        return hung_ranks(
+            self.rank_views(), now, self.cfg.hang_timeout_s, self.cfg.heartbeat_timeout_s
+        )
+
+    def stragglers(self) -> tuple[StragglerReport, str]:
+        if self.cfg.straggler.policy == "none":
+            return StragglerReport(), "straggler detection off (health.straggler.policy=none)"
+        report, reason = straggler_scores(self.history, self.straggler_cfg)
+        if report.scores:
+            self.last_scores = dict(report.scores)
+        return report, reason
+
+    def ranks_on(self, node: str) -> list[int]:
+        return sorted(r for r, v in self.ranks.items() if v.node == node)
+
+    def ranks_on_gpu(self, node: str, index: int) -> list[int]:
+        return sorted(r for r, v in self.ranks.items() if v.node == node and v.gpu_index == index)
+
+    # --- GPUs -------------------------------------------------------------------------------
+
+    def gpu_readings(self, node: str, gpus: list[dict[str, Any]]) -> tuple[GpuVerdict, str]:
+        """Judge one report's readings; info findings already reported are left out."""
+        readings = [GpuReading(**{**g, "xids": tuple(g["xids"])}) for g in gpus]
+        for r in readings:
+            key = (r.node, r.index)
+            self._ecc_base.setdefault(key, r.ecc_uncorrected)
+            self.gpus[key] = r
+        verdict, reason = judge_gpus(readings, self._ecc_base, self.cfg.gpu.max_temperature_c)
+        fresh = {k: v for k, v in verdict.info.items() if self._notes.get(k) != v}
+        self._notes.update(fresh)
+        # A fatal ECC rise is reported once: the new count becomes the base.
+        for key in verdict.fatal:
+            self._ecc_base[key] = self.gpus[key].ecc_uncorrected
+        return GpuVerdict(verdict.fatal, verdict.application, fresh), reason
