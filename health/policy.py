@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from health.cordon import flapping_nodes
 from health.observations import CORDONING, Budget, FailureClass, FailureKind, WorkerFailure
@@ -58,6 +58,37 @@ _WHAT = {
 }
 
 
+# When one rank shows several failures at once, the most specific names the cause: a lost
+# node also kills its workers; a GPU fault may also crash the process.
+SPECIFICITY = (
+    FailureKind.USER_ERROR,
+    FailureKind.OOM,
+    FailureKind.NODE_LOST,
+    FailureKind.GPU_FATAL,
+    FailureKind.GPU_ERROR,
+    FailureKind.PREFLIGHT,
+    FailureKind.HUNG,
+    FailureKind.STRAGGLER,
+    FailureKind.WORKER_DIED,
+    FailureKind.COMM_ERROR,
+)
+
+
+def per_rank(failures: Sequence[WorkerFailure]) -> list[WorkerFailure]:
+    """One failure per rank: its most specific kind (the earliest of equals), keeping
+    whether any of them saw the process go."""
+    best: dict[int, WorkerFailure] = {}
+    lost: set[int] = set()
+    for f in sorted(failures, key=lambda f: (SPECIFICITY.index(f.kind), f.at)):
+        best.setdefault(f.rank, f)
+        if f.process_lost:
+            lost.add(f.rank)
+    return [
+        replace(f, process_lost=True) if f.rank in lost and not f.process_lost else f
+        for f in sorted(best.values(), key=lambda f: f.rank)
+    ]
+
+
 def decide(
     failures: Sequence[WorkerFailure],
     budget: Budget,
@@ -72,6 +103,7 @@ def decide(
     """
     if not failures:
         return NOOP, "no failures"
+    failures = per_rank(failures)
 
     user = [f for f in failures if f.failure_class in (FailureClass.USER, FailureClass.RESOURCE)]
     lost = [

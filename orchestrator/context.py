@@ -250,6 +250,7 @@ class TrainContext:
             # A fresh start: commit the initial state as step 0, so there is always a
             # consistent point to return to.
             self.progress.step = 0
+            self.progress.setup_done_at = self.progress.fetched_at = time.time()
             self._pipeline.submit(0, self._state(0))
             self.progress.restored_at = time.time()
             self.progress.restored_step = None

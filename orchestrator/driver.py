@@ -103,11 +103,9 @@ def run_job(
                 name=f"stalwart-{spec.name}",
                 get_if_exists=False,
                 max_restarts=0,
-                # Next to the driver (on a cluster: where `stalwart run` runs), so that a
-                # chaos kill_node never takes the supervisor with it by chance.
-                scheduling_strategy=NodeAffinitySchedulingStrategy(
-                    ray.get_runtime_context().get_node_id(), soft=True
-                ),
+                # On the head node, whose loss is the cluster's loss anyway: a lost worker
+                # node (or a chaos kill_node) never takes the supervisor with it.
+                scheduling_strategy=NodeAffinitySchedulingStrategy(_head_node(), soft=True),
             )
             .remote(spec.model_dump(mode="json"), opts.base_dir)
         )
@@ -126,6 +124,15 @@ def run_job(
         return result
     finally:
         ray.shutdown()
+
+
+def _head_node() -> str:
+    import ray
+
+    for node in ray.nodes():
+        if node["Alive"] and "node:__internal_head__" in node["Resources"]:
+            return node["NodeID"]
+    return ray.get_runtime_context().get_node_id()
 
 
 class _Follower:

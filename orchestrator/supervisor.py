@@ -32,7 +32,7 @@ from health.classify import classify_death
 from health.cordon import CordonList
 from health.liveness import Hang
 from health.observations import Budget, FailureKind, WorkerFailure
-from health.policy import NODE_CLASSES, Action, Decision, decide
+from health.policy import NODE_CLASSES, Action, Decision, decide, per_rank
 from health.straggler import straggler_decision
 from orchestrator.agent import NodeAgent
 from orchestrator.events import EventLog
@@ -936,7 +936,7 @@ class JobSupervisor:
             + [o.get("step", 0) for o in self.finished.values()]
             + [0]
         )
-        for f in failures:
+        for f in per_rank(failures):
             if f.kind is FailureKind.COMM_ERROR and any(
                 g.kind is not FailureKind.COMM_ERROR for g in failures
             ):

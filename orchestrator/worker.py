@@ -327,9 +327,13 @@ class TrainWorker:
                 **self._timings,
                 **(
                     {
-                        "setup_done": p.setup_done_at,
-                        "fetched": p.fetched_at,
-                        "restored": p.restored_at,
+                        k: v
+                        for k, v in (
+                            ("setup_done", p.setup_done_at),
+                            ("fetched", p.fetched_at),
+                            ("restored", p.restored_at),
+                        )
+                        if v is not None
                     }
                     if p and p.restored_at
                     else {}

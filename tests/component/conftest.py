@@ -88,15 +88,15 @@ def _baselines() -> dict[str, dict[str, Any]]:
     return {}
 
 
-@pytest.fixture
-def run(ray_address, tmp_path):
-    """Run a job spec dict on the session's cluster; returns result.json's content."""
+def make_runner(address: str, tmp_path: Path):
+    """Run a job spec dict on the cluster at `address`; returns result.json's content with
+    the event log under "events"."""
     counter = iter(range(1000))
 
     def _run(spec: dict[str, Any]) -> dict[str, Any]:
         out = tmp_path / f"run{next(counter)}"
         result = run_job(
-            validate(spec), RunOptions(address=ray_address, output=out, base_dir=str(REPO))
+            validate(spec), RunOptions(address=address, output=out, base_dir=str(REPO))
         )
         on_disk = json.loads((out / "result.json").read_text())
         assert on_disk["status"] == result["status"]
@@ -106,6 +106,12 @@ def run(ray_address, tmp_path):
         return result
 
     return _run
+
+
+@pytest.fixture
+def run(ray_address, tmp_path):
+    """Run a job spec dict on the session's cluster; returns result.json's content."""
+    return make_runner(ray_address, tmp_path)
 
 
 @pytest.fixture
