@@ -44,9 +44,10 @@ def hung_ranks(
 ) -> tuple[Hang | None, str]:
     """A hang: every rank with a fresh heartbeat has not advanced for `hang_timeout_s`.
 
-    In data-parallel training one hung rank stalls everyone at the next collective, so a
-    hang shows up as all ranks frozen. The ranks *not* waiting inside a collective are the
-    culprits; if every rank waits in one, the collective itself is stuck.
+    In data-parallel training one hung rank stalls everyone at the next collective. A rank
+    frozen for `hang_timeout_s` *outside* any collective is a culprit, and every rank waiting
+    in a collective waits for it. If every beating rank is frozen inside a collective, the
+    collective itself is stuck.
     A rank whose heartbeats stopped is not hung but lost; liveness handles it.
     """
     beating = [r for r in ranks if now - r.beat_at < beat_timeout_s]
@@ -55,10 +56,18 @@ def hung_ranks(
     frozen = [r for r in beating if now - r.step_changed_at >= hang_timeout_s]
     if not frozen:
         return None, "steps advancing"
-    # Ranks frozen while others still advance are hung on their own; usually everyone is
-    # frozen, the culprits outside a collective and their victims inside one.
     culprits = tuple(sorted(r.rank for r in frozen if r.collective_since is None))
-    waiting = tuple(sorted(r.rank for r in frozen if r.collective_since is not None))
+    if culprits:
+        # Everyone in a collective now waits for the culprits, however recently it stepped.
+        waiting = tuple(
+            sorted(
+                r.rank for r in beating if r.collective_since is not None and r.rank not in culprits
+            )
+        )
+    elif len(frozen) == len(beating):
+        waiting = tuple(sorted(r.rank for r in frozen))
+    else:
+        return None, "ranks frozen inside a collective while others still step: waiting"
     stalled = min(now - r.step_changed_at for r in frozen)
     if culprits:
         reason = (

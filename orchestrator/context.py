@@ -111,6 +111,7 @@ class TrainContext:
         group: ElasticGroup,
         pipeline: SnapshotPipeline,
         on_fault: Callable[[dict[str, Any]], None],
+        on_step: Callable[[], None] = lambda: None,
     ):
         self.rank = rank
         self.world_size = world_size
@@ -126,6 +127,7 @@ class TrainContext:
         self._pipeline = pipeline
         self._fetch: Callable[[int], Snapshot | None] = lambda step: None
         self._on_fault = on_fault
+        self._on_step = on_step
         self._objects: dict[str, Any] = {}
         self._ddp: dict[int, torch.nn.Module] = {}
         self._restore_step: int | None = None
@@ -230,6 +232,7 @@ class TrainContext:
             p.compute_seconds = max(0.0, time.perf_counter() - t0 - waited)
             p.recent.append((step, p.compute_seconds))
             p.step = step + 1
+            self._on_step()
             if p.first_step_done_at is None:
                 p.first_step_done_at = time.time()
             if (step + 1) % self._every == 0 or step + 1 == self.total_steps:

@@ -43,6 +43,7 @@ class HealthMonitor:
         self._ecc_base: dict[tuple[str, int], int] = {}
         self._notes: dict[tuple[str, int], str] = {}  # last info finding per GPU (dedupe)
         self.last_scores: dict[int, float] = {}  # latest straggler score per rank
+        self._evaluated_through: int | None = None  # newest step the straggler verdict saw
 
     # --- nodes ------------------------------------------------------------------------------
 
@@ -78,6 +79,7 @@ class HealthMonitor:
         self.ranks = {r: _Rank(node, pid, 0, now, now) for r, (node, pid) in ranks.items()}
         self.history = {r: {} for r in ranks}
         self.last_scores = {}
+        self._evaluated_through: int | None = None
 
     def beat(self, rank: int, beat: dict[str, Any]) -> None:
         r = self.ranks.get(rank)
@@ -110,7 +112,23 @@ class HealthMonitor:
     def stragglers(self) -> tuple[StragglerReport, str]:
         if self.cfg.straggler.policy == "none":
             return StragglerReport(), "straggler detection off (health.straggler.policy=none)"
-        report, reason = straggler_scores(self.history, self.straggler_cfg)
+        # Evaluate at every step that became common since the last call, oldest first, so
+        # a verdict is reached at the first step whose data supports it, however many steps
+        # one report delivers at once.
+        if len(self.history) < 2:
+            return StragglerReport(), "fewer than two ranks: nothing to compare"
+        common = sorted(set.intersection(*(set(h) for h in self.history.values())))
+        fresh = [
+            t for t in common if self._evaluated_through is None or t > self._evaluated_through
+        ]
+        report, reason = StragglerReport(), "no new steps"
+        for t in fresh[-self.straggler_cfg.span :] or fresh:
+            upto = {r: {k: v for k, v in h.items() if k <= t} for r, h in self.history.items()}
+            report, reason = straggler_scores(upto, self.straggler_cfg)
+            if report.flagged:
+                break
+        if fresh:
+            self._evaluated_through = report.through_step or fresh[-1]
         if report.scores:
             self.last_scores = dict(report.scores)
         return report, reason

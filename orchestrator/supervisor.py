@@ -666,6 +666,7 @@ class JobSupervisor:
                 "node": node_of[rank],
                 "score": report.scores.get(rank),
                 "through_step": report.through_step,
+                "rank_step": self.beats.get(rank, {}).get("step"),
                 "at": now,
                 "action": decision.action.value,
             }

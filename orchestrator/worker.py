@@ -32,7 +32,8 @@ from orchestrator.context import TrainContext
 from orchestrator.entrypoint import load_entrypoint
 from orchestrator.spec import JobSpec
 
-HEARTBEAT_INTERVAL_S = 0.25
+HEARTBEAT_INTERVAL_S = 0.25  # at least this often
+HEARTBEAT_MIN_GAP_S = 0.05  # at most this often: a step's end sends one early
 
 
 def is_comm_error(exc: BaseException) -> bool:
@@ -82,6 +83,7 @@ class TrainWorker:
         self.generation = 0
         self._timings: dict[str, float] = {}
         self._stop = threading.Event()
+        self._stepped = threading.Event()
         self._beat_thread = threading.Thread(
             target=self._beat_loop, daemon=True, name="stalwart-heartbeat"
         )
@@ -137,6 +139,7 @@ class TrainWorker:
                 group=self.group,
                 pipeline=self.pipeline,
                 on_fault=self._on_fault,
+                on_step=self._stepped.set,
             )
         ctx = self.ctx
         ctx.begin_generation(
@@ -348,7 +351,12 @@ class TrainWorker:
         return None if since is None else time.time() - (time.monotonic() - since)
 
     def _beat_loop(self) -> None:
-        while not self._stop.wait(HEARTBEAT_INTERVAL_S):
+        while not self._stop.is_set():
+            # Wake at a step's end (fresh compute times) or after the interval.
+            self._stepped.wait(HEARTBEAT_INTERVAL_S)
+            self._stepped.clear()
+            if self._stop.wait(HEARTBEAT_MIN_GAP_S):
+                return
             if self.rank is None or self.agent is None:
                 continue  # an idle spare has nothing to report yet
             # If the agent is gone the call fails; the supervisor notices the silence.
