@@ -46,7 +46,7 @@ class Progress:
     tokens: float = 0.0
     compute_seconds: float = 0.0  # last step's time in the loop body minus collective waits
     collective_seconds: float = 0.0  # last step's time waiting in collectives
-    # (step, compute seconds) of recent steps, for straggler detection
+    # (step, compute seconds, cycle seconds) of recent steps, for straggler detection
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
     step_started_at: float | None = None
     first_step_done_at: float | None = None
@@ -218,6 +218,7 @@ class TrainContext:
             raise RuntimeError("call ctx.register(model=..., optimizer=...) before ctx.steps()")
         start = self._restore()
         p, group = self.progress, self.group
+        last_end: float | None = None
         for step in range(start, self.total_steps):
             self._before_step(step)
             t0 = time.perf_counter()
@@ -228,9 +229,14 @@ class TrainContext:
                 busy = time.perf_counter() - t0 - (group.collective_seconds - waited0)
                 time.sleep((self._slow - 1) * max(0.0, busy))
             waited = group.collective_seconds - waited0
+            end = time.perf_counter()
             p.collective_seconds = waited
-            p.compute_seconds = max(0.0, time.perf_counter() - t0 - waited)
-            p.recent.append((step, p.compute_seconds))
+            p.compute_seconds = max(0.0, end - t0 - waited)
+            # The step's full cycle (previous step's end to this one's, snapshot included):
+            # what throughput is made of.
+            cycle = end - (last_end if last_end is not None else t0)
+            last_end = end
+            p.recent.append((step, p.compute_seconds, cycle))
             p.step = step + 1
             self._on_step()
             if p.first_step_done_at is None:

@@ -8,6 +8,7 @@ decide. Nothing here acts.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,7 +39,8 @@ class HealthMonitor:
         )
         self.nodes: dict[str, NodeView] = {}
         self.ranks: dict[int, _Rank] = {}
-        self.history: dict[int, dict[int, float]] = {}
+        self.history: dict[int, dict[int, float]] = {}  # rank -> step -> compute seconds
+        self.wall: dict[int, dict[int, float]] = {}  # rank -> step -> step cycle seconds
         self.gpus: dict[tuple[str, int], GpuReading] = {}
         self._ecc_base: dict[tuple[str, int], int] = {}
         self._notes: dict[tuple[str, int], str] = {}  # last info finding per GPU (dedupe)
@@ -78,6 +80,7 @@ class HealthMonitor:
         """`ranks`: rank -> (node, pid) of the generation about to run."""
         self.ranks = {r: _Rank(node, pid, 0, now, now) for r, (node, pid) in ranks.items()}
         self.history = {r: {} for r in ranks}
+        self.wall = {r: {} for r in ranks}
         self.last_scores = {}
         self._evaluated_through: int | None = None
 
@@ -90,13 +93,14 @@ class HealthMonitor:
         r.beat_at = beat["received_at"]
         r.collective_since = beat.get("collective_since")
         r.gpu_index = beat.get("gpu_index")
-        h = self.history[rank]
-        for step, seconds in beat.get("recent", ()):
-            h[step] = seconds
+        h, w = self.history[rank], self.wall[rank]
+        for step, compute, wall in beat.get("recent", ()):
+            h[step], w[step] = compute, wall
         keep = 4 * self.straggler_cfg.span
         if len(h) > keep:
             for step in sorted(h)[:-keep]:
                 del h[step]
+                w.pop(step, None)
 
     def rank_views(self) -> list[RankView]:
         return [
@@ -132,6 +136,17 @@ class HealthMonitor:
         if report.scores:
             self.last_scores = dict(report.scores)
         return report, reason
+
+    def steps_per_s(self, through_step: int, steps: int) -> float | None:
+        """The job's rate over the `steps` steps ending at `through_step` (median step time
+        over ranks and steps)."""
+        times = [
+            t
+            for w in self.wall.values()
+            for s, t in w.items()
+            if through_step - steps < s <= through_step
+        ]
+        return round(1 / statistics.median(times), 3) if times else None
 
     def ranks_on(self, node: str) -> list[int]:
         return sorted(r for r, v in self.ranks.items() if v.node == node)

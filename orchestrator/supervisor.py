@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 AGENT_POLL_INTERVAL_S = 0.2
 RAY_NODES_CHECK_S = 1.0  # how often Ray's node table is read
-THROUGHPUT_EVENT_S = 2.0  # how often a throughput event is written
+THROUGHPUT_EVENT_S = 1.0  # how often a throughput event is written
 NODE_FAULTS = ("kill_node", "gpu_xid")  # faults that hit the node hosting the rank
 COLLECTIVE_TIMEOUT_S = 1800.0  # a backstop only: recoveries abort collectives explicitly
 
@@ -667,6 +667,10 @@ class JobSupervisor:
                 "score": report.scores.get(rank),
                 "through_step": report.through_step,
                 "rank_step": self.beats.get(rank, {}).get("step"),
+                # the job's rate over the steps the verdict covers
+                "steps_per_s": self.monitor.steps_per_s(
+                    report.through_step, self.monitor.straggler_cfg.span
+                ),
                 "at": now,
                 "action": decision.action.value,
             }
@@ -675,7 +679,6 @@ class JobSupervisor:
                 "straggler",
                 **flag,
                 scores=report.scores,
-                steps_per_s=self._recent_rate(),
                 reason=reason,
                 decision=action_reason,
             )
@@ -716,14 +719,6 @@ class JobSupervisor:
     def _expire_cordons(self, now: float) -> None:
         for c in self.cordons.expire(now):
             self.events.emit("uncordoned", node=c.node, reason="cordon TTL passed")
-
-    def _recent_rate(self) -> float | None:
-        mark = self._throughput_mark
-        if mark is None:
-            return None
-        t, step = mark
-        now_step = self.progress()["step"]
-        return round((now_step - step) / (time.time() - t), 3) if time.time() > t else None
 
     def _throughput(self, now: float) -> None:
         step = self.progress()["step"]
