@@ -140,6 +140,12 @@ class HealthSpec(_Model):
     heartbeat_timeout_s: float = Field(
         3.0, gt=0, description="a node whose agent is silent this long is lost"
     )
+    report_interval_s: float = Field(
+        0.2,
+        gt=0,
+        description="how often the supervisor asks each node agent for its report "
+        "(one small call per node per interval)",
+    )
     hang_timeout_s: float = Field(
         300.0,
         gt=0,

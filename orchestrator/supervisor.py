@@ -37,6 +37,7 @@ from health.straggler import straggler_decision
 from orchestrator.agent import NodeAgent
 from orchestrator.events import EventLog
 from orchestrator.monitor import HealthMonitor
+from orchestrator.poller import ReportPoller
 from orchestrator.resources import SchedulingError, check_capacity, worker_bundle
 from orchestrator.spec import JobSpec
 from orchestrator.state import JobState, StateMachine, Transition
@@ -44,7 +45,6 @@ from orchestrator.worker import TrainWorker
 
 log = logging.getLogger(__name__)
 
-AGENT_POLL_INTERVAL_S = 0.2
 RAY_NODES_CHECK_S = 1.0  # how often Ray's node table is read
 THROUGHPUT_EVENT_S = 1.0  # how often a throughput event is written
 NODE_FAULTS = ("kill_node", "gpu_xid")  # faults that hit the node hosting the rank
@@ -92,7 +92,6 @@ class JobSupervisor:
         self.running_since: float | None = None
         self.ended_at: float | None = None
         self._store = None
-        self._last_poll = 0.0
         self._dropped_below: int | None = None
         self.monitor = HealthMonitor(self.spec.health)
         self.cordons = CordonList(self.spec.health.cordon_ttl_s)
@@ -101,7 +100,7 @@ class JobSupervisor:
         self.stragglers: list[dict[str, Any]] = []
         self.cordon_log: list[dict[str, Any]] = []  # every straggler flag, for the result
         self._straggling: set[int] = set()
-        self._reports: dict[str, Any] = {}  # node -> outstanding report() ref
+        self.poller = ReportPoller(lambda node: self.agents[node].report.remote(), self.monitor)
         self._last_ray_check = 0.0
         self._throughput_mark: tuple[float, int] | None = None
         self.home_node = ray.get_runtime_context().get_node_id()
@@ -457,7 +456,10 @@ class JobSupervisor:
             ready, _ = ray.wait(list(self.futures), num_returns=len(self.futures), timeout=0)
         for ref in ready:
             self._collect(ref)
-        if time.time() - self._last_poll >= AGENT_POLL_INTERVAL_S or self.pending:
+        if (
+            time.time() - self.poller.last_poll >= self.spec.health.report_interval_s
+            or self.pending
+        ):
             self._poll_agents()
             self._detect()
         if self.pending:
@@ -507,23 +509,7 @@ class JobSupervisor:
         """Ask every agent for its report; take the answers that are in (waiting up to
         `wait_s` for all). An agent that does not answer is not waited for: its silence
         is what node-loss detection measures."""
-        self._last_poll = time.time()
-        for node, agent in self.agents.items():
-            if node not in self._reports:
-                self._reports[node] = agent.report.remote()
-                self.monitor.node_asked(node, self._last_poll)
-        node_of = {ref: node for node, ref in self._reports.items()}
-        ready, _ = ray.wait(list(node_of), num_returns=len(node_of), timeout=wait_s)
-        reports = []
-        for ref in ready:
-            node = node_of[ref]
-            del self._reports[node]
-            try:
-                reports.append(ray.get(ref))
-            except RayActorError:
-                self.monitor.agent_died(node)
-                continue
-            self.monitor.node_answered(node)
+        reports = self.poller.poll(list(self.agents), wait_s)
         if time.time() - self._last_ray_check >= RAY_NODES_CHECK_S:
             self._last_ray_check = time.time()
             self.monitor.ray_states({n["NodeID"]: bool(n["Alive"]) for n in ray.nodes()})
@@ -575,7 +561,7 @@ class JobSupervisor:
         ranks = self.monitor.ranks_on(node)
         self.lost_nodes.add(node)
         self.monitor.forget_node(node)
-        self._reports.pop(node, None)
+        self.poller.forget(node)
         self.agents.pop(node, None)
         self.stored.pop(node, None)
         dropped = [s for s in self.spares if s[2] == node]

@@ -1,0 +1,53 @@
+"""Report polling: one request per node agent in flight, answers taken as they come.
+
+The supervisor never blocks on an agent: each poll sends a request to every agent that has
+none outstanding and takes whatever answers are in. An agent that does not answer is not
+waited for; the monitor measures its silence from the oldest unanswered request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from orchestrator.monitor import HealthMonitor
+
+
+class ReportPoller:
+    def __init__(self, ask: Callable[[str], Any], monitor: HealthMonitor):
+        """`ask(node)` sends one report request to `node`'s agent and returns its ref."""
+        self._ask = ask
+        self.monitor = monitor
+        self.outstanding: dict[str, Any] = {}  # node -> report ref in flight
+        self.last_poll = 0.0
+
+    def forget(self, node: str) -> None:
+        self.outstanding.pop(node, None)
+
+    def poll(self, nodes: Iterable[str], wait_s: float = 0.0) -> list[dict[str, Any]]:
+        """Ask every node in `nodes` without a request in flight; return the reports that
+        are in, waiting up to `wait_s` for all of them."""
+        now = self.last_poll = time.time()
+        for node in nodes:
+            if node not in self.outstanding:
+                self.outstanding[node] = self._ask(node)
+                self.monitor.node_asked(node, now)
+        node_of = {ref: node for node, ref in self.outstanding.items()}
+        if not node_of:
+            return []
+        ready, _ = ray.wait(list(node_of), num_returns=len(node_of), timeout=wait_s)
+        reports = []
+        for ref in ready:
+            node = node_of[ref]
+            del self.outstanding[node]
+            try:
+                reports.append(ray.get(ref))
+            except RayActorError:
+                self.monitor.agent_died(node)
+                continue
+            self.monitor.node_answered(node)
+        return reports
