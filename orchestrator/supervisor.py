@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import statistics
 import threading
 import time
 import uuid
@@ -33,11 +34,13 @@ from health.cordon import CordonList
 from health.liveness import Hang
 from health.observations import Budget, FailureKind, WorkerFailure
 from health.policy import NODE_CLASSES, Action, Decision, decide, per_rank
+from health.preflight import PreflightResult, judge_preflight
 from health.straggler import straggler_decision
 from orchestrator.agent import NodeAgent
 from orchestrator.events import EventLog
 from orchestrator.monitor import HealthMonitor
 from orchestrator.poller import ReportPoller
+from orchestrator.preflight import pair_rounds
 from orchestrator.resources import SchedulingError, check_capacity, worker_bundle
 from orchestrator.spec import JobSpec
 from orchestrator.state import JobState, StateMachine, Transition
@@ -98,7 +101,10 @@ class JobSupervisor:
         self.lost_nodes: set[str] = set()
         self.incidents: list[tuple[str, float]] = []  # (node, when): one per node per recovery
         self.stragglers: list[dict[str, Any]] = []
-        self.cordon_log: list[dict[str, Any]] = []  # every straggler flag, for the result
+        self.cordon_log: list[dict[str, Any]] = []
+        self.preflight_passed: dict[
+            str, float
+        ] = {}  # node -> its matmul seconds  # every straggler flag, for the result
         self._straggling: set[int] = set()
         self.poller = ReportPoller(lambda node: self.agents[node].report.remote(), self.monitor)
         self._last_ray_check = 0.0
@@ -233,11 +239,159 @@ class JobSupervisor:
                 timeout=spec.failure.scheduling_timeout_s,
             )
             self._check_spares()
+        self._preflight_and_move(list(range(spec.workers)), initial=True)
         self.events.emit(
             "scheduled",
-            nodes=sorted(set(self.bundle_node.values())),
+            nodes=sorted({i["node_id"] for i in self.worker_info.values()}),
             workers={r: self.worker_info[r] for r in self.workers},
         )
+
+    # --- preflight ------------------------------------------------------------------------
+
+    def _preflight(self, ranks: list[int], spares: list[Any] = (), pairs: bool = False) -> dict:
+        """Check the nodes of `ranks` (and of the `spares` actors): a matmul timing on every
+        worker and, with `pairs`, an all-reduce between neighbour ranks. Returns the nodes
+        to cordon with why; nodes that pass are remembered as the reference for later ones."""
+        cfg = self.spec.health.preflight
+        t0 = time.time()
+        slow = {
+            f.rank: f.factor
+            for i, f in enumerate(self.spec.chaos.faults)
+            if f.kind == "slow" and f.at_step == 0 and i not in self.fired
+        }
+        actors = [(r, self.workers[r]) for r in ranks] + [(None, a) for a in spares]
+        refs = {
+            actor.preflight_matmul.remote(cfg.matmul_size, cfg.matmul_repeats, slow.get(r, 1.0)): (
+                r,
+                actor,
+            )
+            for r, actor in actors
+        }
+        per_actor = self._gather(refs, cfg.timeout_s, "matmul")
+        allreduce: dict[int, dict[str, Any]] = {}
+        if pairs and len(ranks) > 1:
+            rendezvous = self._new_store()
+            for i, pairs_round in enumerate(pair_rounds(sorted(ranks))):
+                refs = {}
+                for a, b in pairs_round:
+                    for pair_rank, r in enumerate((a, b)):
+                        ref = self.workers[r].preflight_allreduce.remote(
+                            rendezvous, f"{i}-{a}-{b}", pair_rank, cfg.timeout_s
+                        )
+                        refs[ref] = (r, self.workers[r])
+                for (r, _), res in self._gather(refs, cfg.timeout_s, "all-reduce").items():
+                    prev = allreduce.get(r)
+                    if (
+                        prev is None
+                        or "error" in res
+                        or res.get("allreduce_s", 0) > prev.get("allreduce_s", 0)
+                    ):
+                        allreduce[r] = res
+        results: dict[str, dict[str, Any]] = {}
+        for (r, actor), res in per_actor.items():
+            node = res.get("node_id") or self._node_of_actor(r, actor)
+            agg = results.setdefault(node, {"matmul": [], "allreduce": [], "errors": []})
+            if "error" in res:
+                agg["errors"].append(res["error"])
+            else:
+                agg["matmul"].append(res["matmul_s"])
+            ar = allreduce.get(r) if r is not None else None
+            if ar is not None:
+                if "error" in ar:
+                    agg["errors"].append(ar["error"])
+                else:
+                    agg["allreduce"].append(ar["allreduce_s"])
+        checked = {
+            node: PreflightResult(
+                node,
+                max(a["matmul"]) if a["matmul"] and not a["errors"] else None,
+                statistics.median(a["allreduce"]) if a["allreduce"] else None,
+                "; ".join(a["errors"]) or None,
+            )
+            for node, a in results.items()
+        }
+        reference = (
+            statistics.median(self.preflight_passed.values())
+            if (self.preflight_passed and not pairs)
+            else None
+        )
+        bad, reason = judge_preflight(checked, cfg.max_slowdown, reference)
+        for node, res in checked.items():
+            if node not in bad:
+                self.preflight_passed[node] = res.matmul_s
+        self.events.emit(
+            "preflight",
+            nodes={
+                n: {
+                    "matmul_ms": _ms(r.matmul_s),
+                    "allreduce_ms": _ms(r.allreduce_s),
+                    "error": r.error,
+                }
+                for n, r in checked.items()
+            },
+            reference_ms=_ms(reference),
+            failed=bad,
+            seconds=round(time.time() - t0, 3),
+            reason=reason,
+        )
+        return bad
+
+    def _gather(self, refs: dict[Any, tuple], timeout_s: float, what: str) -> dict[tuple, dict]:
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        out = {}
+        for ref, key in refs.items():
+            if ref not in ready:
+                out[key] = {"error": f"{what} did not finish within {timeout_s} s"}
+                continue
+            try:
+                out[key] = ray.get(ref)
+            except RayActorError as e:
+                out[key] = {"error": f"{what}: worker died: {_actor_error_text(e)[:300]}"}
+        return out
+
+    def _node_of_actor(self, rank: int | None, actor: Any) -> str:
+        if rank is not None:
+            return self.worker_info[rank]["node_id"]
+        return next(n for a, _, n in self.spares if a is actor)
+
+    def _preflight_and_move(self, ranks: list[int], initial: bool) -> None:
+        """Preflight `ranks` (at the start: every rank with neighbour all-reduces, and the
+        spares); cordon failing nodes and move their ranks until every rank's node passed."""
+        if not self.spec.health.preflight.enabled or not ranks:
+            return
+        spares = [a for a, _, _ in self.spares] if initial else []
+        bad = self._preflight(ranks, spares, pairs=initial)
+        for _attempt in range(3):
+            if not bad:
+                return
+            now = time.time()
+            for node, why in bad.items():
+                reason = f"preflight: {why}"
+                c = self.cordons.cordon(node, reason, now)
+                self.cordon_log.append(
+                    {"node": node, "at": now, "until": c.until, "reason": reason}
+                )
+                self.events.emit("cordoned", node=node, until=c.until, reason=reason)
+            for entry in [s for s in self.spares if s[2] in bad]:
+                self.spares.remove(entry)
+                ray.kill(entry[0], no_restart=True)
+                self._start_spare(None)
+            movers = [r for r in ranks if self.worker_info[r]["node_id"] in bad]
+            for i, f in enumerate(self.spec.chaos.faults):
+                if f.kind == "slow" and f.at_step == 0 and f.rank in movers:
+                    self.fired.add(i)  # the slow node it stood for is cordoned
+            for rank in movers:
+                ray.kill(self.workers[rank], no_restart=True)
+                self.bundle_of[rank] = None
+                self.workers[rank] = self._create_worker(rank, None)
+            self._await_ready(movers, self.spec.failure.replacement_timeout_s)
+            self.events.emit(
+                "preflight_moved",
+                ranks={r: self.worker_info[r]["node_id"] for r in movers},
+                reason="their nodes failed preflight",
+            )
+            ranks, bad = movers, self._preflight(movers)
+        raise SchedulingError(f"preflight kept failing after moving ranks 3 times: {bad}")
 
     def _refresh_bundles(self) -> None:
         table = ray.util.placement_group_table(self.pg)
@@ -383,20 +537,7 @@ class JobSupervisor:
         if self.spec.workers > 1:
             # A fresh store (and port) per generation: nothing of a broken generation can
             # leak into the next one's rendezvous.
-            host = ray.util.get_node_ip_address()
-            if {i["node_ip"] for i in self.worker_info.values()} == {host}:
-                # Everyone is on this machine: keep the rendezvous and gloo on loopback.
-                host = "127.0.0.1"
-                rendezvous["gloo_host"] = host
-            self._store = dist.TCPStore(
-                host,
-                0,
-                None,
-                True,
-                wait_for_workers=False,
-                timeout=datetime.timedelta(seconds=self.spec.failure.rendezvous_timeout_s),
-            )
-            rendezvous.update(host=host, port=self._store.port)
+            rendezvous.update(self._new_store())
         faults = self._faults_for_generation()
         local = self._local_ranks()
         self.monitor.start_generation(
@@ -417,6 +558,23 @@ class JobSupervisor:
             world_size=self.spec.workers,
             rendezvous_port=rendezvous.get("port"),
         )
+
+    def _new_store(self) -> dict[str, Any]:
+        """A fresh TCPStore on this actor: its host and port, and gloo_host when every worker
+        is on this machine (then rendezvous and gloo stay on loopback)."""
+        host = ray.util.get_node_ip_address()
+        out: dict[str, Any] = {}
+        if {i["node_ip"] for i in self.worker_info.values()} == {host}:
+            host = out["gloo_host"] = "127.0.0.1"
+        self._store = dist.TCPStore(
+            host,
+            0,
+            None,
+            True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=self.spec.failure.rendezvous_timeout_s),
+        )
+        return {**out, "host": host, "port": self._store.port}
 
     def _faults_for_generation(self) -> list[dict[str, Any]]:
         faults = []
@@ -853,6 +1011,17 @@ class JobSupervisor:
                 self.error = {"message": f"recovery failed: {e}"}
                 self._set(JobState.FAILED, self.error["message"])
                 return
+            fresh = [
+                r
+                for r in sorted(replace)
+                if self.worker_info[r]["node_id"] not in self.preflight_passed
+            ]
+            try:
+                self._preflight_and_move(fresh, initial=False)
+            except SchedulingError as e:
+                self.error = {"message": f"recovery failed: {e}"}
+                self._set(JobState.FAILED, self.error["message"])
+                return
             self.events.emit(
                 "replaced",
                 ranks={
@@ -1083,6 +1252,10 @@ def _pipeline_summary(outs: list[dict[str, Any]]) -> dict[str, Any] | None:
         else None,
         "errors": sum(s["errors"] for s in stats),
     }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return round(seconds * 1000, 3) if seconds is not None else None
 
 
 def _describe(f: WorkerFailure, fault: dict[str, Any] | None) -> str | None:

@@ -26,7 +26,7 @@ from ckpt.pipeline import SnapshotPipeline
 from ckpt.snapshot import Snapshot
 from health.classify import classify_exception
 from health.observations import FailureKind
-from orchestrator import chaos
+from orchestrator import chaos, preflight
 from orchestrator.collective import ElasticGroup, GroupAborted, make_ddp
 from orchestrator.context import TrainContext
 from orchestrator.entrypoint import load_entrypoint
@@ -74,6 +74,7 @@ class TrainWorker:
         gpu_ids = ray.get_gpu_ids()
         self.gpu_index: int | None = int(gpu_ids[0]) if gpu_ids else None
         self.group = ElasticGroup()
+        self._preflight_groups: list[Any] = []
         self._transport: str | None = None
         self._maps: dict[str, np.ndarray] = {}  # slot file -> this process's mapping
         self._next_slot: tuple[str, int] | None = None  # reserved ahead: (path, nbytes)
@@ -295,6 +296,31 @@ class TrainWorker:
 
     def _gpu_for_probe(self) -> int:
         return self.gpu_index if self.gpu_index is not None else self.ctx.local_rank
+
+    def preflight_matmul(self, size: int, repeats: int, slow_factor: float = 1.0) -> dict:
+        try:
+            seconds = preflight.time_matmul(self.device, size, repeats, slow_factor)
+        except Exception as e:
+            return {"node_id": self.node_id, "error": f"matmul: {type(e).__name__}: {e}"}
+        return {"node_id": self.node_id, "matmul_s": seconds}
+
+    def preflight_allreduce(
+        self, rendezvous: dict[str, Any], key: str, pair_rank: int, timeout_s: float
+    ) -> dict:
+        try:
+            seconds, group = preflight.time_pair_allreduce(
+                rendezvous,
+                key,
+                pair_rank,
+                self.backend,
+                self.device,
+                rendezvous.get("gloo_host") or self.node_ip,
+                timeout_s,
+            )
+        except Exception as e:
+            return {"node_id": self.node_id, "error": f"all-reduce: {type(e).__name__}: {e}"}
+        self._preflight_groups.append(group)  # never torn down on the training thread
+        return {"node_id": self.node_id, "allreduce_s": seconds}
 
     def stacks(self) -> dict[str, Any]:
         """Every thread's Python stack, for a hang report (served by another actor thread)."""

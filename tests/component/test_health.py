@@ -250,3 +250,25 @@ def test_application_xid_restarts_the_rank_on_the_same_node(hrun, hbaseline):
     [replaced] = events_of(result, "replaced")
     assert replaced["ranks"]["2"]["node"] == err["node"]
     assert result["model_digest"] == hbaseline(spec)["model_digest"]
+
+
+def test_preflight_cordons_a_slow_node_before_training_starts(hrun, hbaseline):
+    spec = small_spec(
+        steps=30, chaos__faults=[{"kind": "slow", "rank": 0, "at_step": 0, "factor": 8}]
+    )
+    result = hrun(spec)
+    assert result["status"] == "succeeded", result["error"]
+    checks = events_of(result, "preflight")
+    assert len(checks) == 2  # all nodes, then the node the ranks moved to
+    [slow_node] = checks[0]["failed"]
+    assert checks[1]["failed"] == {}
+    [cordon] = result["cordoned"]
+    assert cordon["node"] == slow_node and "preflight" in cordon["reason"]
+    [moved] = events_of(result, "preflight_moved")
+    assert all(node != slow_node for node in moved["ranks"].values())
+    types = [e["type"] for e in result["events"]]
+    # Before training: the cordon and the move come before the first generation starts.
+    assert types.index("preflight_moved") < types.index("generation")
+    assert checks[0]["seconds"] < 10
+    assert result["failures"] == [] and result["generations"] == 1
+    assert result["model_digest"] == hbaseline(spec)["model_digest"]

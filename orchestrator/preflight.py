@@ -1,0 +1,88 @@
+"""Preflight checks, run by the workers before a node trains (judged in health/preflight.py).
+
+Each worker times a square matmul on its device, and pairs of workers time a small
+all-reduce between them (in the spirit of MegaScale's and DLRover's node checks). It costs
+well under a second per node: a node that fails or is far slower than its peers is cordoned
+before it can slow the job down.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from orchestrator.collective import _wrap_backend
+
+ALLREDUCE_ELEMENTS = 256 * 1024  # 1 MiB of float32
+ALLREDUCE_REPEATS = 5
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_matmul(device: torch.device, size: int, repeats: int, slow_factor: float = 1.0) -> float:
+    """Seconds for `repeats` size x size matmuls on `device`: the median single matmul times
+    `repeats`, so a moment of contention on a shared machine does not fail a healthy node.
+    `slow_factor` > 1 is the chaos `slow` fault at step 0: this node computes that much slower.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(size, size, generator=gen).to(device)
+    b = torch.randn(size, size, generator=gen).to(device)
+    (a @ b).sum().item()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        c = a @ b
+        _sync(device)
+        if slow_factor > 1:
+            time.sleep((slow_factor - 1) * (time.perf_counter() - t0))
+        times.append(time.perf_counter() - t0)
+    del c
+    return statistics.median(times) * repeats
+
+
+def time_pair_allreduce(
+    rendezvous: dict[str, Any],
+    key: str,
+    pair_rank: int,
+    backend: str,
+    device: torch.device,
+    hostname: str,
+    timeout_s: float,
+) -> tuple[float, Any]:
+    """Form a 2-rank group under `key` in the rendezvous store and time a few all-reduces.
+    Returns the seconds and the group (keep it referenced until both sides are done)."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(rendezvous["host"], rendezvous["port"], None, False, timeout=timeout)
+    prefix = dist.PrefixStore(f"preflight/{key}", store)
+    pg, be = _wrap_backend(prefix, pair_rank, 2, backend, timeout, device, hostname)
+    t = torch.ones(ALLREDUCE_ELEMENTS, device=device)
+    pg.allreduce([t]).wait()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(ALLREDUCE_REPEATS):
+        pg.allreduce([t]).wait()
+    _sync(device)
+    return time.perf_counter() - t0, (pg, be, store)
+
+
+def pair_rounds(ranks: list[int]) -> list[list[tuple[int, int]]]:
+    """Neighbour pairs in rounds where no rank is in two pairs at once: (0,1), (2,3), ...
+    then (1,2), (3,4), ..., and (last, first) to close the ring when there are more than
+    two. Every rank is in at least one pair (with two or more ranks)."""
+    n = len(ranks)
+    if n < 2:
+        return []
+    first = [(ranks[i], ranks[i + 1]) for i in range(0, n - 1, 2)]
+    second = [(ranks[i], ranks[i + 1]) for i in range(1, n - 1, 2)]
+    if n > 2 and n % 2 == 0:
+        second.append((ranks[-1], ranks[0]))
+    return [r for r in (first, second) if r]
