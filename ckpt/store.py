@@ -51,6 +51,8 @@ class ShardStore(Protocol):
 
     def drop_above(self, step: int) -> int: ...
 
+    def rekey(self, ranks: dict[int, int]) -> int: ...
+
     def close(self) -> None: ...
 
 
@@ -108,6 +110,18 @@ class MemoryShardStore:
     def nbytes(self) -> int:
         with self._lock:
             return sum(s.nbytes for s in self._shards.values())
+
+    def rekey(self, ranks: dict[int, int]) -> int:
+        """The world was renumbered: rank `old`'s shards become rank `ranks[old]`'s; shards
+        of ranks not in `ranks` are dropped. Returns how many shards were kept."""
+        with self._lock:
+            old, self._shards = self._shards, {}
+            for (rank, step), snap in old.items():
+                if rank in ranks:
+                    self._shards[(ranks[rank], step)] = snap
+                else:
+                    self._free[snap.nbytes].append(snap.payload)
+            return len(self._shards)
 
     def close(self) -> None:
         with self._lock:
@@ -238,6 +252,26 @@ class ShmShardStore:
     def nbytes(self) -> int:
         with self._lock:
             return sum(slot.nbytes for _, slot in self._shards.values())
+
+    def rekey(self, ranks: dict[int, int]) -> int:
+        """The world was renumbered: rank `old`'s shards become rank `ranks[old]`'s; shards
+        of ranks not in `ranks` are dropped, and unfinished reservations released (workers
+        reserve again under their new rank). Returns how many shards were kept."""
+        with self._lock:
+            spare = [slot for _, slot in self._reserved.values()]
+            spare += [slot for slots in self._free.values() for slot in slots]
+            old, self._shards, self._reserved = self._shards, {}, {}
+            self._free = defaultdict(list)
+            for (rank, step), (snap, slot) in old.items():
+                if rank in ranks:
+                    self._shards[(ranks[rank], step)] = (snap, slot)
+                else:
+                    spare.append(slot)
+            unlink = [slot.path for slot in spare]
+        for path in unlink:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        return len(self._shards)
 
     def close(self) -> None:
         """Delete every file (the store's process is going away)."""

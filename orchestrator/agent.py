@@ -116,6 +116,13 @@ class NodeAgent:
             self.probe.close()
         self.store.close()
 
+    def rekey(self, ranks: dict[int, int]) -> int:
+        """The job's ranks were renumbered (elastic shrink): old rank -> new rank."""
+        with self._lock:
+            self._beats.clear()
+            self._layouts = {ranks[r]: m for r, m in self._layouts.items() if r in ranks}
+        return self.store.rekey({int(k): v for k, v in ranks.items()})
+
     def prune(self, below: int | None = None, above: int | None = None) -> int:
         dropped = 0
         if below is not None:

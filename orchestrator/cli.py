@@ -64,7 +64,7 @@ def validate(file: str, overrides: tuple[str, ...], fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps(spec.model_dump(mode="json"), indent=2))
     else:
-        click.echo(f"{file}: valid ({spec.workers} workers, {spec.steps} steps)")
+        click.echo(f"{file}: valid ({spec.max_workers} workers, {spec.steps} steps)")
 
 
 @main.command()
@@ -125,7 +125,7 @@ def run(
             result = run_job(spec, opts)
         else:
             console.print(
-                f"stalwart: running {spec.name} ({spec.workers} workers, "
+                f"stalwart: running {spec.name} ({spec.max_workers} workers, "
                 f"{spec.steps} steps) -> {out}",
                 highlight=False,
             )

@@ -112,9 +112,11 @@ class TrainContext:
         pipeline: SnapshotPipeline,
         on_fault: Callable[[dict[str, Any]], None],
         on_step: Callable[[], None] = lambda: None,
+        distributed: bool | None = None,
     ):
         self.rank = rank
         self.world_size = world_size
+        self.distributed = world_size > 1 if distributed is None else distributed
         self.local_rank = local_rank
         self.node_id = node_id
         self.device = device
@@ -145,9 +147,14 @@ class TrainContext:
         faults: list[dict[str, Any]],
         local_rank: int,
         fetch: Callable[[int], Snapshot | None],
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
-        """Set up the next call of the train loop; `fetch(step)` returns this rank's shard."""
+        """Set up the next call of the train loop; `fetch(step)` returns this rank's shard.
+        `rank`, `world_size`: this generation's (an elastic job renumbers on a resize)."""
         self.generation = generation
+        if rank is not None:
+            self.rank, self.world_size = rank, world_size
         self.local_rank = local_rank
         self._fetch = fetch
         self._restore_step = restore_step
@@ -182,10 +189,10 @@ class TrainContext:
         """Move `module` to ctx.device and wrap it for data parallelism over the job's group.
 
         Returns a DistributedDataParallel whose gradient all-reduce survives recoveries.
-        With one worker the module is returned as is.
+        With one worker (and a world that cannot grow) the module is returned as is.
         """
         module = module.to(self.device)
-        if self.world_size == 1:
+        if not self.distributed:
             return module
         return make_ddp(module, self.group, self.device, **ddp_kwargs)
 
@@ -199,7 +206,7 @@ class TrainContext:
         }
         if op not in ops:
             raise ValueError(f"ctx.all_reduce op: expected one of {sorted(ops)}, got {op!r}")
-        if self.world_size > 1:
+        if self.distributed:
             self.group.all_reduce(tensor, ops[op])
         if op == "mean":
             tensor.div_(self.world_size)

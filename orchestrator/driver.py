@@ -64,7 +64,7 @@ def connect(address: str | None, spec: JobSpec, num_cpus: int | None, timeout: f
         return address
     # Embedded: size Ray's logical CPUs to fit the job (the workers' threads are capped to
     # their own share, so this does not oversubscribe the machine's cores).
-    need = (spec.workers + spec.failure.spares) * spec.resources.cpu
+    need = (spec.max_workers + spec.failure.spares) * spec.resources.cpu
     cpus = num_cpus or max(os.cpu_count() or 1, int(need + 0.999))
     ray.init(
         address="local",  # always a new local instance, even if a cluster runs here
@@ -105,7 +105,7 @@ def run_job(
                 max_restarts=0,
                 # On the head node, whose loss is the cluster's loss anyway: a lost worker
                 # node (or a chaos kill_node) never takes the supervisor with it.
-                scheduling_strategy=NodeAffinitySchedulingStrategy(_head_node(), soft=True),
+                scheduling_strategy=NodeAffinitySchedulingStrategy(_head_node(), soft=False),
             )
             .remote(spec.model_dump(mode="json"), opts.base_dir)
         )

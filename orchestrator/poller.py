@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from orchestrator.monitor import HealthMonitor
 
@@ -27,6 +27,11 @@ class ReportPoller:
 
     def forget(self, node: str) -> None:
         self.outstanding.pop(node, None)
+
+    def discard_in_flight(self) -> None:
+        """Answers to requests already sent would describe the stores as they were (before
+        a renumbering): ask again. Silence keeps counting from the first request."""
+        self.outstanding.clear()
 
     def poll(self, nodes: Iterable[str], wait_s: float = 0.0) -> list[dict[str, Any]]:
         """Ask every node in `nodes` without a request in flight; return the reports that
@@ -46,6 +51,8 @@ class ReportPoller:
             del self.outstanding[node]
             try:
                 reports.append(ray.get(ref))
+            except ActorUnavailableError:
+                continue  # unreachable for now: its silence keeps counting
             except RayActorError:
                 self.monitor.agent_died(node)
                 continue

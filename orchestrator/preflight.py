@@ -27,26 +27,47 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+TRIALS = 3
+
+
 def time_matmul(device: torch.device, size: int, repeats: int, slow_factor: float = 1.0) -> float:
-    """Seconds for `repeats` size x size matmuls on `device`: the median single matmul times
-    `repeats`, so a moment of contention on a shared machine does not fail a healthy node.
+    """Seconds for `repeats` size x size matmuls on `device`: the best of three trials'
+    median single matmul, times `repeats`. A slow node is slow in every trial; a healthy
+    one on a busy shared machine is fast in at least one.
     `slow_factor` > 1 is the chaos `slow` fault at step 0: this node computes that much slower.
     """
+    if device.type == "cpu":
+        # One thread: a node's per-core speed, without the thread pool's barriers, which
+        # stall for whole scheduler slices when the machine is oversubscribed.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return _time_matmul(device, size, repeats, slow_factor)
+        finally:
+            torch.set_num_threads(threads)
+    return _time_matmul(device, size, repeats, slow_factor)
+
+
+def _time_matmul(device: torch.device, size: int, repeats: int, slow_factor: float) -> float:
     gen = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(size, size, generator=gen).to(device)
     b = torch.randn(size, size, generator=gen).to(device)
-    (a @ b).sum().item()
+    for _ in range(3):
+        (a @ b).sum().item()
     _sync(device)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        c = a @ b
-        _sync(device)
-        if slow_factor > 1:
-            time.sleep((slow_factor - 1) * (time.perf_counter() - t0))
-        times.append(time.perf_counter() - t0)
+    trials = []
+    for _ in range(TRIALS):
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            c = a @ b
+            _sync(device)
+            if slow_factor > 1:
+                time.sleep((slow_factor - 1) * (time.perf_counter() - t0))
+            times.append(time.perf_counter() - t0)
+        trials.append(statistics.median(times))
     del c
-    return statistics.median(times) * repeats
+    return min(trials) * repeats
 
 
 def time_pair_allreduce(

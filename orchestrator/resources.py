@@ -28,10 +28,10 @@ def check_capacity(spec: JobSpec, nodes: list[dict[str, Any]]) -> None:
     for key, per_worker in bundle.items():
         field = _FIELD.get(key, f"resources.custom.{key}")
         total = sum(n["Resources"].get(key, 0.0) for n in alive)
-        need = per_worker * spec.workers
+        need = per_worker * spec.max_workers
         if need > total:
             raise SchedulingError(
-                f"{field}: the job needs {need:g} {key} ({spec.workers} workers x "
+                f"{field}: the job needs {need:g} {key} ({spec.max_workers} workers x "
                 f"{per_worker:g}), the cluster has {total:g}"
             )
         largest = max((n["Resources"].get(key, 0.0) for n in alive), default=0.0)

@@ -16,8 +16,10 @@ import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     StrictInt,
+    Tag,
     ValidationError,
     field_validator,
 )
@@ -214,6 +216,21 @@ class ChaosSpec(_Model):
     faults: list[Fault] = Field(default_factory=list)
 
 
+class WorkerRange(_Model):
+    """An elastic world: start with `max` ranks, continue with no fewer than `min`."""
+
+    min: StrictInt = Field(ge=1, description="fewest data-parallel ranks to continue with")
+    max: StrictInt = Field(ge=1, description="ranks to start with and grow back to")
+
+    def model_post_init(self, _ctx: Any) -> None:
+        if self.min > self.max:
+            raise ValueError(f"workers.min: must be <= workers.max ({self.max}), got {self.min}")
+
+
+def _workers_form(value: Any) -> str:
+    return "range" if isinstance(value, dict | WorkerRange) else "count"
+
+
 class JobSpec(_Model):
     name: str = Field(
         pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
@@ -223,7 +240,15 @@ class JobSpec(_Model):
         description="'package.module:function' or 'path/to/file.py:function'; "
         "the function takes the train context"
     )
-    workers: StrictInt = Field(ge=1, description="number of training ranks")
+    workers: Annotated[
+        Annotated[Annotated[StrictInt, Field(ge=1)], Tag("count")]
+        | Annotated[WorkerRange, Tag("range")],
+        Discriminator(_workers_form),
+    ] = Field(
+        description="number of training ranks, or {min, max}: start with max and, when a "
+        "lost rank cannot be replaced within failure.replacement_timeout_s, continue with "
+        "fewer (not below min), growing back when capacity returns"
+    )
     resources: Resources = Field(default_factory=Resources)
     placement: Literal["PACK", "SPREAD"] = "PACK"
     backend: Literal["auto", "gloo", "nccl"] = "auto"
@@ -250,6 +275,15 @@ class JobSpec(_Model):
             )
         return v
 
+    @property
+    def max_workers(self) -> int:
+        """The world size the job starts with (and grows back to)."""
+        return self.workers.max if isinstance(self.workers, WorkerRange) else self.workers
+
+    @property
+    def min_workers(self) -> int:
+        return self.workers.min if isinstance(self.workers, WorkerRange) else self.workers
+
     def model_post_init(self, _ctx: Any) -> None:
         r = self.resources
         if self.backend == "nccl" and not r.gpu:
@@ -257,9 +291,10 @@ class JobSpec(_Model):
         if not (r.cpu or r.gpu or any(r.custom.values())):
             raise ValueError("resources: a worker must ask for some cpu, gpu or custom resource")
         for i, fault in enumerate(self.chaos.faults):
-            if fault.rank >= self.workers:
+            if fault.rank >= self.max_workers:
                 raise ValueError(
-                    f"chaos.faults.{i}.rank: must be < workers ({self.workers}), got {fault.rank}"
+                    f"chaos.faults.{i}.rank: must be < workers ({self.max_workers}), "
+                    f"got {fault.rank}"
                 )
             if fault.at_step >= self.steps:
                 raise ValueError(
@@ -279,6 +314,7 @@ def _format_error(err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
     # Discriminated unions add the tag to the path; users never wrote it.
     loc = re.sub(r"(faults\.\d+)\.(kill_worker|kill_node|hang|slow|gpu_xid)\b", r"\1", loc)
+    loc = re.sub(r"^workers\.(count|range)\b", "workers", loc)
     msg = err["msg"]
     typ = err["type"]
     given = err.get("input")

@@ -19,7 +19,7 @@ from typing import Any
 
 import ray
 import torch.distributed as dist
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import (
     NodeAffinitySchedulingStrategy,
@@ -51,7 +51,13 @@ log = logging.getLogger(__name__)
 RAY_NODES_CHECK_S = 1.0  # how often Ray's node table is read
 THROUGHPUT_EVENT_S = 1.0  # how often a throughput event is written
 NODE_FAULTS = ("kill_node", "gpu_xid")  # faults that hit the node hosting the rank
-COLLECTIVE_TIMEOUT_S = 1800.0  # a backstop only: recoveries abort collectives explicitly
+COLLECTIVE_TIMEOUT_S = 1800.0
+NODE_PING_TIMEOUT_S = 1.0  # a dead worker's node must answer this fast to keep its bundle
+# An actor that is gone, or that cannot be reached (its node is down).
+ActorGone = (
+    RayActorError,
+    ActorUnavailableError,
+)  # a backstop only: recoveries abort collectives explicitly
 
 
 class JobSupervisor:
@@ -64,7 +70,7 @@ class JobSupervisor:
         self.sm.add_hook(self._on_transition)
         self._lock = threading.Lock()
         self._cancel = threading.Event()
-        n = self.spec.workers
+        n = self.world = self.spec.max_workers  # the current world size (elastic jobs vary)
         self.workers: dict[int, Any] = {}
         self.worker_info: dict[int, dict[str, Any]] = {}
         self.bundle_node: dict[int, str] = {}  # placement-group bundle -> node
@@ -100,11 +106,15 @@ class JobSupervisor:
         self.cordons = CordonList(self.spec.health.cordon_ttl_s)
         self.lost_nodes: set[str] = set()
         self.incidents: list[tuple[str, float]] = []  # (node, when): one per node per recovery
-        self.stragglers: list[dict[str, Any]] = []
+        self.stragglers: list[dict[str, Any]] = []  # every straggler flag, for the result
         self.cordon_log: list[dict[str, Any]] = []
-        self.preflight_passed: dict[
-            str, float
-        ] = {}  # node -> its matmul seconds  # every straggler flag, for the result
+        self.preflight_passed: dict[str, float] = {}  # node -> its matmul seconds
+        self.resizes: list[dict[str, Any]] = []  # elastic shrinks and grows
+        self.restore_rank: dict[int, int] = {}  # rank -> whose shard it restores (a grow)
+        # ready() ref -> (worker waiting for capacity, its bundle or None)
+        self.growing: dict[Any, tuple[Any, int | None]] = {}
+        self.shunned_bundles: set[int] = set()  # bundles Ray placed on cordoned nodes
+        self._last_grow_check = 0.0
         self._straggling: set[int] = set()
         self.poller = ReportPoller(lambda node: self.agents[node].report.remote(), self.monitor)
         self._last_ray_check = 0.0
@@ -117,7 +127,7 @@ class JobSupervisor:
     def run(self) -> dict[str, Any]:
         self.handle = ray.get_runtime_context().current_actor
         try:
-            self._set(JobState.SCHEDULING, f"placing {self.spec.workers} workers")
+            self._set(JobState.SCHEDULING, f"placing {self.world} workers")
             self._schedule()
             self._start_generation(restore_step=None)
             self.running_since = time.time()
@@ -208,7 +218,7 @@ class JobSupervisor:
         spec = self.spec
         check_capacity(spec, ray.nodes())
         bundle = worker_bundle(spec)
-        n_bundles = spec.workers + spec.failure.spares
+        n_bundles = self.world + spec.failure.spares
         self.pg = placement_group(
             [dict(bundle) for _ in range(n_bundles)],
             strategy=spec.placement,
@@ -218,19 +228,19 @@ class JobSupervisor:
             ray.get(self.pg.ready(), timeout=spec.failure.scheduling_timeout_s)
         except GetTimeoutError:
             raise SchedulingError(
-                f"Ray could not place {spec.workers} workers and {spec.failure.spares} spares "
+                f"Ray could not place {self.world} workers and {spec.failure.spares} spares "
                 f"of {bundle} ({spec.placement}) "
                 f"within failure.scheduling_timeout_s={spec.failure.scheduling_timeout_s}"
             ) from None
         self._refresh_bundles()
         for node in sorted(set(self.bundle_node.values())):
             self._ensure_agent(node)
-        for rank in range(spec.workers):
+        for rank in range(self.world):
             self.bundle_of[rank] = rank
             self.workers[rank] = self._create_worker(rank, rank)
-        for bundle_index in range(spec.workers, n_bundles):
+        for bundle_index in range(self.world, n_bundles):
             self._start_spare(bundle_index)
-        self._await_ready(list(range(spec.workers)), spec.failure.scheduling_timeout_s)
+        self._await_ready(list(range(self.world)), spec.failure.scheduling_timeout_s)
         if self.spares_starting:
             # Start with the spares ready, so an early failure finds one.
             ray.wait(
@@ -239,19 +249,28 @@ class JobSupervisor:
                 timeout=spec.failure.scheduling_timeout_s,
             )
             self._check_spares()
-        self._preflight_and_move(list(range(spec.workers)), initial=True)
+        self._preflight_and_move(list(range(self.world)), initial=True)
         self.events.emit(
             "scheduled",
+            supervisor_node=self.home_node,
             nodes=sorted({i["node_id"] for i in self.worker_info.values()}),
             workers={r: self.worker_info[r] for r in self.workers},
         )
 
     # --- preflight ------------------------------------------------------------------------
 
-    def _preflight(self, ranks: list[int], spares: list[Any] = (), pairs: bool = False) -> dict:
-        """Check the nodes of `ranks` (and of the `spares` actors): a matmul timing on every
-        worker and, with `pairs`, an all-reduce between neighbour ranks. Returns the nodes
-        to cordon with why; nodes that pass are remembered as the reference for later ones."""
+    def _preflight(
+        self,
+        ranks: list[int],
+        idle: list[tuple[Any, str]] = (),
+        pairs: bool = False,
+        peers: list[int] = (),
+    ) -> dict:
+        """Check the nodes of `ranks` and of `idle` (rankless workers: spares, newcomers,
+        with their nodes): a matmul timing on every worker and, with `pairs`, an all-reduce
+        between neighbour ranks. `peers`: idle ranks on nodes that passed before, timed at
+        the same moment as the reference (a shared machine's load then weighs on both sides
+        alike). Returns the nodes to cordon with why; nodes that pass are remembered."""
         cfg = self.spec.health.preflight
         t0 = time.time()
         slow = {
@@ -259,7 +278,9 @@ class JobSupervisor:
             for i, f in enumerate(self.spec.chaos.faults)
             if f.kind == "slow" and f.at_step == 0 and i not in self.fired
         }
-        actors = [(r, self.workers[r]) for r in ranks] + [(None, a) for a in spares]
+        actors = [(r, self.workers[r]) for r in [*ranks, *peers]]
+        actors += [(None, a) for a, _ in idle]
+        idle_node = {id(a): n for a, n in idle}
         refs = {
             actor.preflight_matmul.remote(cfg.matmul_size, cfg.matmul_repeats, slow.get(r, 1.0)): (
                 r,
@@ -289,7 +310,9 @@ class JobSupervisor:
                         allreduce[r] = res
         results: dict[str, dict[str, Any]] = {}
         for (r, actor), res in per_actor.items():
-            node = res.get("node_id") or self._node_of_actor(r, actor)
+            node = res.get("node_id") or (
+                self.worker_info[r]["node_id"] if r is not None else idle_node[id(actor)]
+            )
             agg = results.setdefault(node, {"matmul": [], "allreduce": [], "errors": []})
             if "error" in res:
                 agg["errors"].append(res["error"])
@@ -310,12 +333,15 @@ class JobSupervisor:
             )
             for node, a in results.items()
         }
+        # Without peers timed now, a later node is judged against the earlier ones' times.
         reference = (
             statistics.median(self.preflight_passed.values())
-            if (self.preflight_passed and not pairs)
+            if self.preflight_passed and not pairs and not peers
             else None
         )
         bad, reason = judge_preflight(checked, cfg.max_slowdown, reference)
+        peer_nodes = {self.worker_info[r]["node_id"] for r in peers}
+        bad = {n: why for n, why in bad.items() if n not in peer_nodes}
         for node, res in checked.items():
             if node not in bad:
                 self.preflight_passed[node] = res.matmul_s
@@ -345,53 +371,85 @@ class JobSupervisor:
                 continue
             try:
                 out[key] = ray.get(ref)
-            except RayActorError as e:
+            except ActorGone as e:
                 out[key] = {"error": f"{what}: worker died: {_actor_error_text(e)[:300]}"}
         return out
 
-    def _node_of_actor(self, rank: int | None, actor: Any) -> str:
-        if rank is not None:
-            return self.worker_info[rank]["node_id"]
-        return next(n for a, _, n in self.spares if a is actor)
+    def _preflight_peers(self, ranks: list[int]) -> list[int]:
+        """Up to three idle ranks (between generations) on nodes that passed preflight."""
+        return [
+            r
+            for r in sorted(self.workers)
+            if r not in ranks and self.worker_info[r]["node_id"] in self.preflight_passed
+        ][:3]
+
+    def _cordon_failed_preflight(self, bad: dict[str, str]) -> None:
+        now = time.time()
+        for node, why in bad.items():
+            reason = f"preflight: {why}"
+            c = self.cordons.cordon(node, reason, now)
+            self.cordon_log.append({"node": node, "at": now, "until": c.until, "reason": reason})
+            self.events.emit("cordoned", node=node, until=c.until, reason=reason)
 
     def _preflight_and_move(self, ranks: list[int], initial: bool) -> None:
         """Preflight `ranks` (at the start: every rank with neighbour all-reduces, and the
         spares); cordon failing nodes and move their ranks until every rank's node passed."""
         if not self.spec.health.preflight.enabled or not ranks:
             return
-        spares = [a for a, _, _ in self.spares] if initial else []
-        bad = self._preflight(ranks, spares, pairs=initial)
+        idle = [(a, n) for a, _, n in self.spares] if initial else []
+        peers = [] if initial else self._preflight_peers(ranks)
+        bad = self._preflight(ranks, idle, pairs=initial, peers=peers)
         for _attempt in range(3):
             if not bad:
                 return
-            now = time.time()
-            for node, why in bad.items():
-                reason = f"preflight: {why}"
-                c = self.cordons.cordon(node, reason, now)
-                self.cordon_log.append(
-                    {"node": node, "at": now, "until": c.until, "reason": reason}
-                )
-                self.events.emit("cordoned", node=node, until=c.until, reason=reason)
+            self._cordon_failed_preflight(bad)
             for entry in [s for s in self.spares if s[2] in bad]:
                 self.spares.remove(entry)
                 ray.kill(entry[0], no_restart=True)
                 self._start_spare(None)
             movers = [r for r in ranks if self.worker_info[r]["node_id"] in bad]
+            moved = self._move(movers)
             for i, f in enumerate(self.spec.chaos.faults):
-                if f.kind == "slow" and f.at_step == 0 and f.rank in movers:
+                if f.kind == "slow" and f.at_step == 0 and f.rank in moved:
                     self.fired.add(i)  # the slow node it stood for is cordoned
-            for rank in movers:
+            if not moved:
+                return
+            ranks = moved
+            bad = self._preflight(moved, peers=self._preflight_peers(moved))
+        raise SchedulingError(f"preflight kept failing after moving ranks 3 times: {bad}")
+
+    def _move(self, ranks: list[int]) -> list[int]:
+        """Start `ranks` again on healthy nodes; a rank with no room on one within
+        failure.replacement_timeout_s stays where it is. Returns the ranks moved."""
+        old = {r: (self.workers[r], self.worker_info[r], self.bundle_of[r]) for r in ranks}
+        for rank in ranks:
+            self.workers[rank] = self._create_worker(rank, None)
+        missing = self._await_ready(
+            ranks, self.spec.failure.replacement_timeout_s, allow_missing=True
+        )
+        for rank in ranks:
+            if rank in missing:
                 ray.kill(self.workers[rank], no_restart=True)
+                self.workers[rank], self.worker_info[rank], self.bundle_of[rank] = old[rank]
+            else:
+                ray.kill(old[rank][0], no_restart=True)
                 self.bundle_of[rank] = None
-                self.workers[rank] = self._create_worker(rank, None)
-            self._await_ready(movers, self.spec.failure.replacement_timeout_s)
+        moved = [r for r in ranks if r not in missing]
+        if moved:
             self.events.emit(
                 "preflight_moved",
-                ranks={r: self.worker_info[r]["node_id"] for r in movers},
+                ranks={r: self.worker_info[r]["node_id"] for r in moved},
                 reason="their nodes failed preflight",
             )
-            ranks, bad = movers, self._preflight(movers)
-        raise SchedulingError(f"preflight kept failing after moving ranks 3 times: {bad}")
+        if missing:
+            self.events.emit(
+                "preflight_kept",
+                ranks=missing,
+                reason="their nodes failed preflight, but no healthy node had room within "
+                f"failure.replacement_timeout_s={self.spec.failure.replacement_timeout_s}; "
+                "they stay (the node stays cordoned for new ranks)",
+            )
+        return moved
 
     def _refresh_bundles(self) -> None:
         table = ray.util.placement_group_table(self.pg)
@@ -440,7 +498,7 @@ class JobSupervisor:
             try:
                 info = ray.get(ref)
                 ray.get(actor.attach.remote(self._ensure_agent(info["node_id"])), timeout=30)
-            except (RayActorError, GetTimeoutError) as e:
+            except (*ActorGone, GetTimeoutError) as e:
                 self.events.emit("spare_failed", bundle=bundle_index, message=_actor_error_text(e))
                 continue
             self.spares.append((actor, bundle_index, info["node_id"]))
@@ -458,7 +516,7 @@ class JobSupervisor:
             self.spares.remove(entry)
             try:
                 ray.get(actor.assume.remote(rank), timeout=10)
-            except (RayActorError, GetTimeoutError) as e:
+            except (*ActorGone, GetTimeoutError) as e:
                 self.events.emit("spare_failed", bundle=bundle_index, message=_actor_error_text(e))
                 ray.kill(actor, no_restart=True)
                 self._start_spare(self._usable_bundle(bundle_index))
@@ -494,30 +552,38 @@ class JobSupervisor:
                 job=spec.name,
                 spec=self.spec_dict,
                 rank=rank,
-                world_size=spec.workers,
+                world_size=self.world,
                 base_dir=self.base_dir,
                 supervisor=self.handle,
             )
         )
 
-    def _await_ready(self, ranks: list[int], timeout_s: float) -> None:
+    def _await_ready(
+        self, ranks: list[int], timeout_s: float, allow_missing: bool = False
+    ) -> list[int]:
+        """Wait for `ranks`' workers to start and attach them to their node agents. Returns
+        the ranks still not started after `timeout_s` (only with `allow_missing`)."""
         refs = {self.workers[r].ready.remote(): r for r in ranks}
-        try:
-            infos = ray.get(list(refs), timeout=timeout_s)
-        except GetTimeoutError:
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        missing = sorted(r for ref, r in refs.items() if ref not in ready)
+        if missing and not allow_missing:
             raise SchedulingError(
-                f"workers {sorted(refs.values())} did not start within {timeout_s:.0f} s "
+                f"workers {missing} did not start within {timeout_s:.0f} s "
                 "(failure.scheduling_timeout_s, or failure.replacement_timeout_s for a "
                 "replacement); no healthy node had room for them"
-            ) from None
-        except RayActorError as e:
+            )
+        try:
+            infos = ray.get(ready)
+        except ActorGone as e:
             raise SchedulingError(f"a worker failed to start: {_actor_error_text(e)}") from None
         attached = []
-        for info in infos:
-            self.worker_info[info["rank"]] = info
+        for info, ref in zip(infos, ready, strict=True):
+            rank = refs[ref]
+            self.worker_info[rank] = {**info, "rank": rank}
             agent = self._ensure_agent(info["node_id"])
-            attached.append(self.workers[info["rank"]].attach.remote(agent))
+            attached.append(self.workers[rank].attach.remote(agent))
         ray.get(attached, timeout=30)
+        return missing
 
     def _local_ranks(self) -> dict[int, int]:
         by_node: dict[str, list[int]] = defaultdict(list)
@@ -534,7 +600,7 @@ class JobSupervisor:
             "timeout_s": self.spec.failure.rendezvous_timeout_s,
             "collective_timeout_s": COLLECTIVE_TIMEOUT_S,
         }
-        if self.spec.workers > 1:
+        if self.spec.max_workers > 1:
             # A fresh store (and port) per generation: nothing of a broken generation can
             # leak into the next one's rendezvous.
             rendezvous.update(self._new_store())
@@ -548,14 +614,24 @@ class JobSupervisor:
         self.futures = {}
         self.finished = {}
         for rank, worker in self.workers.items():
-            source = self._shard_source(rank, restore_step)
-            ref = worker.run.remote(gen, rendezvous, restore_step, source, faults, local[rank])
+            source, source_rank = self._restore_source(rank, restore_step)
+            ref = worker.run.remote(
+                gen,
+                rendezvous,
+                restore_step,
+                source,
+                faults,
+                local[rank],
+                rank=rank,
+                world_size=self.world,
+                restore_rank=source_rank,
+            )
             self.futures[ref] = rank
         self.events.emit(
             "generation",
             generation=gen,
             restore_step=restore_step,
-            world_size=self.spec.workers,
+            world_size=self.world,
             rendezvous_port=rendezvous.get("port"),
         )
 
@@ -595,20 +671,26 @@ class JobSupervisor:
             faults.append(fault)
         return faults
 
-    def _shard_source(self, rank: int, step: int | None) -> Any:
+    def _restore_source(self, rank: int, step: int | None) -> tuple[Any, int]:
+        """The agent holding `rank`'s shard of `step` (its own node's first) and whose shard
+        it is: its own, or for a rank added by a grow, the peer it copies until it has one."""
         if step is None:
-            return None
-        own = self.worker_info[rank]["node_id"]
-        nodes = [own] + [n for n in self.stored if n != own and n in self.agents]
-        for node in nodes:
-            if step in self.stored.get(node, {}).get(rank, ()):
-                return self.agents[node]
+            return None, rank
+        for source in (rank, self.restore_rank.get(rank)):
+            if source is None:
+                continue
+            own = self.worker_info.get(source, {}).get("node_id")
+            nodes = [own] + [n for n in self.stored if n != own and n in self.agents]
+            for node in nodes:
+                if step in self.stored.get(node, {}).get(source, ()):
+                    return self.agents[node], source
         raise RuntimeError(f"no store holds rank {rank}'s shard of committed step {step}")
 
     # --- the control loop ---------------------------------------------------------------------
 
     def _tick(self) -> None:
         self._check_spares()
+        self._check_growth()
         ready, _ = ray.wait(list(self.futures), num_returns=1, timeout=0.05)
         if ready:
             ready, _ = ray.wait(list(self.futures), num_returns=len(self.futures), timeout=0)
@@ -630,7 +712,7 @@ class JobSupervisor:
         now = time.time()
         try:
             out = ray.get(ref)
-        except RayActorError as e:
+        except ActorGone as e:
             f = WorkerFailure(
                 classify_death(str(e)),
                 rank,
@@ -687,6 +769,8 @@ class JobSupervisor:
                     self._judge_gpus(rep["node"], rep["gpus"])
             before = self.commit.committed
             committed = self.commit.observe({r: merged.get(r, set()) for r in self.workers})
+            for rank in [r for r in self.restore_rank if committed in merged.get(r, ())]:
+                del self.restore_rank[rank]  # a grown rank's own shard is committed now
         if committed != before and committed is not None:
             drop = self.commit.droppable_below()
             if drop is not None and drop != self._dropped_below:
@@ -741,6 +825,21 @@ class JobSupervisor:
                 )
             )
 
+    def _unresponsive(self, nodes: set[str]) -> list[str]:
+        """Those of `nodes` whose agent does not answer a ping within NODE_PING_TIMEOUT_S."""
+        nodes = {n for n in nodes if n in self.agents}
+        refs = {self.agents[n].ping.remote(): n for n in nodes}
+        if not refs:
+            return []
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=NODE_PING_TIMEOUT_S)
+        dead = [n for ref, n in refs.items() if ref not in ready]
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ActorGone:
+                dead.append(refs[ref])
+        return sorted(dead)
+
     def _on_hang(self, hang: Hang, reason: str, now: float) -> None:
         stacks = self._capture_stacks()
         self.events.emit(
@@ -772,7 +871,7 @@ class JobSupervisor:
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=3.0)
         out: dict[int, dict[str, Any]] = {}
         for ref in ready:
-            with contextlib.suppress(RayActorError):
+            with contextlib.suppress(*ActorGone):
                 out[refs[ref]] = ray.get(ref)
         missing = [r for r in self.workers if r not in out]
         dumps = {}
@@ -928,14 +1027,37 @@ class JobSupervisor:
 
     # --- recovery -----------------------------------------------------------------------------
 
-    def _recover(self, decision: Decision, reason: str, failures: list[WorkerFailure]) -> None:
+    def _recover(
+        self,
+        decision: Decision,
+        reason: str,
+        failures: list[WorkerFailure],
+        grow: list[tuple[Any, int | None]] = (),
+    ) -> None:
+        """Execute `decision`; with `grow` (ready idle workers and their bundles), add them
+        as new ranks."""
         t_decided = time.time()
-        self.restarts += 1
+        if failures:
+            self.restarts += 1
         if any(f.kind in (FailureKind.USER_ERROR, FailureKind.OOM) for f in failures):
             self.user_errors += 1
         self._set(JobState.RECOVERING, reason)
         replace = set(decision.ranks)
         gen = self.generation
+        # A dead worker's node may be dead too (the worker's death often reaches us first):
+        # confirm it answers before its bundle gets the replacement.
+        for node in self._unresponsive(
+            {f.node for f in failures if f.kind is FailureKind.WORKER_DIED and f.node}
+        ):
+            self._node_lost(
+                node,
+                f"node {node[:12]}: its agent did not answer after its "
+                f"worker died (within {NODE_PING_TIMEOUT_S} s)",
+                time.time(),
+            )
+            lost, self.pending = self.pending, []
+            failures.extend(lost)
+            replace.update(f.rank for f in lost)
 
         # 1. Release survivors: fail their collectives, unwind their loops. Ranks to be
         # replaced (dead, hung, on a lost or cordoned node) are killed first.
@@ -1004,11 +1126,26 @@ class JobSupervisor:
             )
         if used_spares:
             self.events.emit("spares_used", ranks=used_spares, spares_left=len(self.spares))
+        resized = False
         if replace:
-            try:
-                self._await_ready(sorted(replace), self.spec.failure.replacement_timeout_s)
-            except SchedulingError as e:
-                self.error = {"message": f"recovery failed: {e}"}
+            missing = self._await_ready(
+                sorted(replace), self.spec.failure.replacement_timeout_s, allow_missing=True
+            )
+            if missing and self.world - len(missing) >= self.spec.min_workers:
+                self._shrink(missing)
+                replace -= set(missing)
+                resized = True
+            elif missing:
+                self.error = {
+                    "message": f"recovery failed: no healthy node had room for rank(s) "
+                    f"{missing} within failure.replacement_timeout_s="
+                    f"{self.spec.failure.replacement_timeout_s}"
+                    + (
+                        f", and the job may not shrink below workers.min={self.spec.min_workers}"
+                        if self.spec.min_workers < self.spec.max_workers
+                        else ""
+                    )
+                }
                 self._set(JobState.FAILED, self.error["message"])
                 return
             fresh = [
@@ -1031,14 +1168,22 @@ class JobSupervisor:
             )
         t_replaced = time.time()
 
+        if grow:
+            self._grow(grow)
+            resized = True
+
         # 3. Roll back to the newest committed step and start a new generation there.
         self._poll_agents(wait_s=2.0)
-        if any(f.kind is FailureKind.NODE_LOST for f in failures):
+        if resized or any(f.kind is FailureKind.NODE_LOST for f in failures):
             # A lost node took its shards along: commit only what the living stores hold.
             merged: dict[int, set[int]] = defaultdict(set)
             for per_rank in self.stored.values():
                 for r, steps in per_rank.items():
                     merged[int(r)].update(steps)
+            for rank, source in self.restore_rank.items():
+                merged[rank] |= merged.get(source, set())  # a grown rank restores a peer's
+            if self.commit.world_size != self.world:
+                self.commit = CommitTracker(self.world)
             self.commit.reset(merged)
             if self.commit.committed is None:
                 self.events.emit(
@@ -1051,12 +1196,13 @@ class JobSupervisor:
         for agent in self.agents.values():
             agent.prune.remote(above=restore if restore is not None else -1)
         # From scratch counts as restoring step 0.
+        recorded = len(self.failures)
         self._record_failures(
             failures, restored_step=restore if restore is not None else 0, decided_at=t_decided
         )
         self.open_recovery = {
             "generation": self.generation + 1,
-            "failures": self.failures[-len(failures) :],
+            "failures": self.failures[recorded:],
             "phases": {"abort": t_aborted - t0, "replace": t_replaced - t_aborted},
             "decided_at": t_decided,
             "restore_step": restore,
@@ -1067,8 +1213,149 @@ class JobSupervisor:
         self._set(
             JobState.RUNNING,
             f"generation {self.generation}: resumed from committed step {restore}"
-            + (f", replaced rank(s) {sorted(replace)}" if replace else ""),
+            + (f", replaced rank(s) {sorted(replace)}" if replace else "")
+            + (f", world size {self.world}" if resized else ""),
         )
+
+    # --- elastic resize -----------------------------------------------------------------------
+
+    def _shrink(self, missing: list[int]) -> None:
+        """Continue without `missing` (their replacements found no room): renumber the
+        survivors 0..n-1 and rename their shards in every store. Idle workers then wait for
+        room (_check_growth): when Ray places them, the job grows back."""
+        old_world = self.world
+        for rank in missing:
+            # Idle workers take their places when capacity returns (_check_growth).
+            ray.kill(self.workers.pop(rank), no_restart=True)
+            self.worker_info.pop(rank, None)
+            self.bundle_of.pop(rank, None)
+        survivors = sorted(self.workers)
+        mapping = {old: new for new, old in enumerate(survivors)}
+        ray.wait(
+            [self.workers[r].quiesce.remote() for r in survivors],
+            num_returns=len(survivors),
+            timeout=60,
+        )
+        ray.get([a.rekey.remote(mapping) for a in self.agents.values()], timeout=60)
+        self.poller.discard_in_flight()
+        self.workers = {mapping[r]: a for r, a in self.workers.items()}
+        self.worker_info = {
+            mapping[r]: {**i, "rank": mapping[r]} for r, i in self.worker_info.items()
+        }
+        self.bundle_of = {mapping[r]: b for r, b in self.bundle_of.items()}
+        self.restore_rank = {
+            mapping[r]: mapping[src]
+            for r, src in self.restore_rank.items()
+            if r in mapping and src in mapping
+        }
+        self.beats.clear()
+        self.stored.clear()
+        self.world = len(survivors)
+        self._resized(
+            old_world,
+            f"no room for rank(s) {missing} within "
+            f"failure.replacement_timeout_s={self.spec.failure.replacement_timeout_s}",
+            mapping={str(k): v for k, v in mapping.items()},
+        )
+
+    def _free_bundles(self) -> list[int]:
+        """Bundles of the group no worker, spare or growing worker uses (their rank was
+        dropped by a shrink), except those Ray placed on a cordoned node."""
+        if self.pg is None:
+            return []
+        used = {b for b in self.bundle_of.values() if b is not None}
+        used |= {b for _, b, _ in self.spares} | {b for _, b in self.spares_starting.values()}
+        used |= {b for _, b in self.growing.values()}
+        total = self.spec.max_workers + self.spec.failure.spares
+        return [b for b in range(total) if b not in used and b not in self.shunned_bundles]
+
+    def _grow(self, grown: list[tuple[Any, int | None]]) -> None:
+        """Add ready idle workers as ranks world..world+k-1; each restores rank 0's shard
+        (data-parallel state is the same on every rank) until it has one of its own."""
+        old_world = self.world
+        ray.wait(
+            [self.workers[r].quiesce.remote() for r in self.workers],
+            num_returns=len(self.workers),
+            timeout=60,
+        )
+        infos = ray.get([a.ready.remote() for a, _ in grown], timeout=30)
+        fresh = [
+            (a, i["node_id"])
+            for (a, _), i in zip(grown, infos, strict=True)
+            if i["node_id"] not in self.preflight_passed
+        ]
+        if fresh and self.spec.health.preflight.enabled:
+            bad = self._preflight([], fresh, peers=self._preflight_peers([]))
+            if bad:
+                # Not worth a rank: cordon the node, drop the newcomers there, grow less.
+                self._cordon_failed_preflight(bad)
+                keep = []
+                for entry, info in zip(grown, infos, strict=True):
+                    if info["node_id"] in bad:
+                        ray.kill(entry[0], no_restart=True)
+                    else:
+                        keep.append(entry)
+                grown = keep
+                if not grown:
+                    return
+        new = list(range(old_world, old_world + len(grown)))
+        ray.get([a.assume.remote(r) for (a, _), r in zip(grown, new, strict=True)], timeout=30)
+        for (actor, bundle), rank in zip(grown, new, strict=True):
+            self.workers[rank] = actor
+            self.bundle_of[rank] = bundle
+            self.restore_rank[rank] = 0
+        self._await_ready(new, self.spec.failure.replacement_timeout_s)
+        self.world = old_world + len(grown)
+        if self.world >= self.spec.max_workers:
+            for actor, _ in self.growing.values():
+                ray.kill(actor, no_restart=True)
+            self.growing.clear()
+        self._resized(old_world, "capacity returned", new_ranks=new)
+
+    def _resized(self, old_world: int, reason: str, **extra: Any) -> None:
+        entry = {"at": time.time(), "from": old_world, "to": self.world, "reason": reason}
+        self.resizes.append({**entry, **extra})
+        self.events.emit("resized", old=old_world, new=self.world, reason=reason, **extra)
+
+    def _check_growth(self) -> None:
+        """While the world is below its maximum, keep that many workers waiting for room;
+        when some are placed and ready, grow."""
+        if self.world >= self.spec.max_workers or self.sm.state is not JobState.RUNNING:
+            return
+        if time.time() - self._last_grow_check < 1.0:
+            return
+        self._last_grow_check = time.time()
+        # Free bundles of the group first: Ray moves a lost node's bundles to a node with
+        # room when one appears, reserving that room for them.
+        free = self._free_bundles()
+        while len(self.growing) < self.spec.max_workers - self.world:
+            bundle = free.pop(0) if free else None
+            actor = self._create_worker(None, bundle)
+            self.growing[actor.ready.remote()] = (actor, bundle)
+        ready, _ = ray.wait(list(self.growing), num_returns=len(self.growing), timeout=0)
+        usable, nodes = [], set()
+        for ref in ready:
+            actor, bundle = self.growing.pop(ref)
+            try:
+                info = ray.get(ref)
+            except ActorGone:
+                continue
+            if info["node_id"] in self._bad_nodes():
+                ray.kill(actor, no_restart=True)
+                if bundle is not None:
+                    self.shunned_bundles.add(bundle)  # Ray put it on a cordoned node
+                continue
+            usable.append((actor, bundle))
+            nodes.add(info["node_id"])
+        usable = usable[: self.spec.max_workers - self.world]
+        if usable:
+            self.events.emit("capacity_returned", nodes=sorted(nodes), workers=len(usable))
+            self._recover(
+                Decision(Action.RESTART_GROUP),
+                f"capacity returned: growing from {self.world} to {self.world + len(usable)} ranks",
+                [],
+                grow=usable,
+            )
 
     def _record_failures(
         self, failures: list[WorkerFailure], restored_step: int | None, decided_at: float
@@ -1172,12 +1459,11 @@ class JobSupervisor:
             self._set(JobState.FAILED, self.error["message"])
             return
         self._poll_agents(wait_s=2.0)
-        self._set(
-            JobState.SUCCEEDED, f"all {self.spec.workers} ranks finished {self.spec.steps} steps"
-        )
+        self._set(JobState.SUCCEEDED, f"all {self.world} ranks finished {self.spec.steps} steps")
 
     def _teardown(self) -> None:
         spares = [s[0] for s in self.spares] + [a for a, _ in self.spares_starting.values()]
+        spares += [a for a, _ in self.growing.values()]
         for worker in [*self.workers.values(), *spares]:
             ray.kill(worker, no_restart=True)
         # Agents delete their shared-memory files; one that is gone took them with its node.
@@ -1211,7 +1497,8 @@ class JobSupervisor:
             "total_steps": self.spec.steps,
             "final_loss": sum(losses) / len(losses) if losses else None,
             "model_digest": digests[0] if digests else None,
-            "workers": self.spec.workers,
+            "workers": self.world,
+            "resizes": self.resizes,
             "generations": self.generation,
             "restarts": self.restarts,
             "failures": self.failures,

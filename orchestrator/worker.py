@@ -57,6 +57,9 @@ class TrainWorker:
         self.job = job
         self.rank = rank
         self.world_size = world_size
+        # Elastic jobs may shrink to one rank; they keep their process group and DDP then.
+        self.distributed = JobSpec.model_validate(spec).max_workers > 1
+        self._restore_rank = rank
         self.agent: Any = None  # this node's agent, attached once the worker is placed
         self.supervisor = supervisor
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -121,15 +124,26 @@ class TrainWorker:
         restore_from: Any,
         faults: list[dict[str, Any]],
         local_rank: int,
+        rank: int | None = None,
+        world_size: int | None = None,
+        restore_rank: int | None = None,
     ) -> dict[str, Any]:
-        """Run one generation: rendezvous, restore, train until done or aborted."""
+        """Run one generation: rendezvous, restore, train until done or aborted.
+
+        `rank`/`world_size`: this generation's, when an elastic resize renumbered the world.
+        `restore_rank`: whose shard to restore (default: this rank's own)."""
         self.generation = generation
+        if rank is not None and (rank, world_size) != (self.rank, self.world_size):
+            self.rank, self.world_size = rank, world_size
+            self._forget_slots()
+        self._restore_rank = self.rank if restore_rank is None else restore_rank
         timings: dict[str, float] = {"started": time.time()}
         self._timings = timings
         if self.ctx is None:
             self.ctx = TrainContext(
                 rank=self.rank,
                 world_size=self.world_size,
+                distributed=self.distributed,
                 local_rank=local_rank,
                 node_id=self.node_id,
                 device=self.device,
@@ -149,10 +163,12 @@ class TrainWorker:
             faults,
             local_rank,
             fetch=lambda step: self._fetch(restore_from, step),
+            rank=self.rank,
+            world_size=self.world_size,
         )
         in_user_code = False
         try:
-            if self.world_size > 1:
+            if self.distributed:
                 store = dist.TCPStore(
                     rendezvous["host"],
                     rendezvous["port"],
@@ -278,7 +294,7 @@ class TrainWorker:
         self._next_slot = (following, payload.nbytes)
 
     def _fetch(self, source: Any, step: int) -> Snapshot | None:
-        return ray.get((source or self.agent).get_shard.remote(self.rank, step))
+        return ray.get((source or self.agent).get_shard.remote(self._restore_rank, step))
 
     def _on_fault(self, fault: dict[str, Any]) -> None:
         # Recorded synchronously, at the supervisor (a node fault takes the agent with it),
@@ -321,6 +337,18 @@ class TrainWorker:
             return {"node_id": self.node_id, "error": f"all-reduce: {type(e).__name__}: {e}"}
         self._preflight_groups.append(group)  # never torn down on the training thread
         return {"node_id": self.node_id, "allreduce_s": seconds}
+
+    def quiesce(self, timeout_s: float = 30.0) -> bool:
+        """Hand over every snapshot in flight, then forget the reserved slots: the stores
+        are about to be renumbered (elastic resize). Call between generations only."""
+        done = self.pipeline.drain(timeout=timeout_s)
+        self._forget_slots()
+        return done
+
+    def _forget_slots(self) -> None:
+        self._next_slot = None
+        self._sent_metas = None
+        self._maps.clear()
 
     def stacks(self) -> dict[str, Any]:
         """Every thread's Python stack, for a hang report (served by another actor thread)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -38,12 +39,14 @@ class MultiNode:
     def _alive(node) -> bool:
         return all(p.process.poll() is None for p in node.all_processes["raylet"])
 
-    def ensure_worker_nodes(self, n: int) -> None:
-        """Exactly the live worker nodes, at least `n` of them, registered with the cluster;
-        nodes a test killed are removed."""
+    def ensure_worker_nodes(self, n: int, exactly: bool = False) -> None:
+        """At least (or `exactly`) `n` live worker nodes, registered with the cluster; nodes
+        a test killed are removed."""
         for node in list(self.cluster.worker_nodes):
             if not self._alive(node):
                 self.cluster.remove_node(node, allow_graceful=False)
+        while exactly and len(self.cluster.worker_nodes) > n:
+            self.cluster.remove_node(next(iter(self.cluster.worker_nodes)))
         while len(self.cluster.worker_nodes) < n:
             self.cluster.add_node(num_cpus=WORKER_NODE_CPUS)
         self.cluster.wait_for_nodes()
@@ -272,3 +275,63 @@ def test_preflight_cordons_a_slow_node_before_training_starts(hrun, hbaseline):
     assert checks[0]["seconds"] < 10
     assert result["failures"] == [] and result["generations"] == 1
     assert result["model_digest"] == hbaseline(spec)["model_digest"]
+
+
+def _wait_for_event(out: Path, kind: str, timeout_s: float, since: int = 0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        path = out / "events.jsonl"
+        if path.exists():
+            events = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+            found = [e for e in events[since:] if e["type"] == kind]
+            if found:
+                return found[0]
+        time.sleep(0.2)  # polling a file another thread writes; bounded by the deadline
+    raise AssertionError(f"no {kind!r} event within {timeout_s} s")
+
+
+def test_elastic_shrink_when_no_capacity_and_grow_back(multinode, tmp_path, hbaseline):
+    """4 ranks, one per node (2 CPUs each); a node dies and no node has room: the job goes on
+    with 3 ranks after failure.replacement_timeout_s, and grows back to 4 when a node joins.
+    Exactness cannot hold across world sizes: the loss must stay on course."""
+    import threading
+
+    from orchestrator.driver import RunOptions, run_job
+    from orchestrator.spec import validate
+    from tests.component.conftest import REPO
+
+    multinode.ensure_worker_nodes(4, exactly=True)
+    spec = small_spec(
+        workers={"min": 3, "max": 4},
+        resources={"cpu": WORKER_NODE_CPUS},
+        steps=400,
+        failure__replacement_timeout_s=4,
+        chaos__faults=[{"kind": "kill_node", "rank": 1, "at_step": 20}],
+    )
+    out = tmp_path / "elastic"
+    box: dict = {}
+    runner = threading.Thread(
+        target=lambda: box.update(
+            result=run_job(
+                validate(spec),
+                RunOptions(address=multinode.address, output=out, base_dir=str(REPO)),
+            )
+        ),
+        daemon=True,
+    )
+    runner.start()
+    shrunk = _wait_for_event(out, "resized", timeout_s=120)
+    assert (shrunk["old"], shrunk["new"]) == (4, 3)
+    multinode.cluster.add_node(num_cpus=WORKER_NODE_CPUS)  # capacity returns
+    runner.join(timeout=300)
+    assert not runner.is_alive()
+    result = box["result"]
+    assert result["status"] == "succeeded", result["error"]
+    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(4, 3), (3, 4)]
+    assert result["workers"] == 4
+    clean = hbaseline(small_spec(workers=4, resources={"cpu": WORKER_NODE_CPUS}, steps=400))
+    assert result["steps_completed"] == 400
+    assert abs(result["final_loss"] - clean["final_loss"]) < 0.15 * clean["final_loss"], (
+        result["final_loss"],
+        clean["final_loss"],
+    )

@@ -574,7 +574,9 @@ def test_json_schema_shape():
     assert set(schema["properties"]) == set(TOP_LEVEL)
     assert set(schema["required"]) == {"name", "entrypoint", "workers", "steps"}
     assert schema["additionalProperties"] is False
-    assert schema["properties"]["workers"]["minimum"] == 1
+    count, rng = schema["properties"]["workers"]["oneOf"]
+    assert count["minimum"] == 1
+    assert rng["$ref"].endswith("WorkerRange")
 
 
 def test_json_schema_is_valid_and_accepts_quickstart():
