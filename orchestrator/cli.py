@@ -141,5 +141,45 @@ def run(
     sys.exit({"succeeded": 0, "cancelled": EXIT_CANCELLED}.get(result["status"], EXIT_FAILED))
 
 
+@main.command()
+@click.argument("node")
+@click.option("--job", "job", required=True, help="the running job's name")
+@click.option(
+    "--address",
+    envvar="RAY_ADDRESS",
+    required=True,
+    help="the Ray cluster the job runs on (default: $RAY_ADDRESS)",
+)
+def uncordon(node: str, job: str, address: str) -> None:
+    """Let NODE (a Ray node id, or a unique prefix) take ranks of JOB again."""
+    from orchestrator.driver import ClusterUnreachable, find_supervisor
+
+    err = Console(stderr=True)
+    try:
+        supervisor = find_supervisor(address, job)
+    except (ClusterUnreachable, LookupError) as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_USAGE)
+    import ray
+
+    try:
+        cordoned = ray.get(supervisor.cordoned.remote(), timeout=30)
+        matches = [n for n in cordoned if n.startswith(node)]
+        if len(matches) != 1:
+            listed = ", ".join(n[:12] for n in cordoned) or "none"
+            err.print(
+                f"[red]error:[/red] node {node!r}: "
+                + ("matches several cordoned nodes" if matches else "is not cordoned")
+                + f" in job {job} (cordoned: {listed})",
+                highlight=False,
+                soft_wrap=True,
+            )
+            sys.exit(EXIT_USAGE)
+        ray.get(supervisor.uncordon.remote(matches[0]), timeout=30)
+        click.echo(f"uncordoned {matches[0]} for job {job}")
+    finally:
+        ray.shutdown()
+
+
 if __name__ == "__main__":
     main()

@@ -49,18 +49,35 @@ def _probe(address: str, timeout: float) -> None:
         ) from None
 
 
+def _attach(address: str, timeout: float) -> None:
+    import ray
+
+    _probe(address, timeout)
+    try:
+        ray.init(address=address, namespace="stalwart", log_to_driver=False)
+    except (ConnectionError, RuntimeError) as e:
+        raise ClusterUnreachable(f"cannot connect to the Ray cluster at {address}: {e}") from None
+
+
+def find_supervisor(address: str, job: str, timeout: float = 10.0) -> Any:
+    """Connect to the cluster at `address` and return job `job`'s running supervisor.
+    The caller shuts Ray down. LookupError when no such job runs there."""
+    import ray
+
+    _attach(address, timeout)
+    try:
+        return ray.get_actor(f"stalwart-{job}", namespace="stalwart")
+    except ValueError:
+        ray.shutdown()
+        raise LookupError(f"no running stalwart job named {job!r} on {address}") from None
+
+
 def connect(address: str | None, spec: JobSpec, num_cpus: int | None, timeout: float) -> str:
     import ray
 
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
-        _probe(address, timeout)
-        try:
-            ray.init(address=address, namespace="stalwart", log_to_driver=False)
-        except (ConnectionError, RuntimeError) as e:
-            raise ClusterUnreachable(
-                f"cannot connect to the Ray cluster at {address}: {e}"
-            ) from None
+        _attach(address, timeout)
         return address
     # Embedded: size Ray's logical CPUs to fit the job (the workers' threads are capped to
     # their own share, so this does not oversubscribe the machine's cores).

@@ -294,12 +294,6 @@ def test_elastic_shrink_when_no_capacity_and_grow_back(multinode, tmp_path, hbas
     """4 ranks, one per node (2 CPUs each); a node dies and no node has room: the job goes on
     with 3 ranks after failure.replacement_timeout_s, and grows back to 4 when a node joins.
     Exactness cannot hold across world sizes: the loss must stay on course."""
-    import threading
-
-    from orchestrator.driver import RunOptions, run_job
-    from orchestrator.spec import validate
-    from tests.component.conftest import REPO
-
     multinode.ensure_worker_nodes(4, exactly=True)
     spec = small_spec(
         workers={"min": 3, "max": 4},
@@ -309,17 +303,7 @@ def test_elastic_shrink_when_no_capacity_and_grow_back(multinode, tmp_path, hbas
         chaos__faults=[{"kind": "kill_node", "rank": 1, "at_step": 20}],
     )
     out = tmp_path / "elastic"
-    box: dict = {}
-    runner = threading.Thread(
-        target=lambda: box.update(
-            result=run_job(
-                validate(spec),
-                RunOptions(address=multinode.address, output=out, base_dir=str(REPO)),
-            )
-        ),
-        daemon=True,
-    )
-    runner.start()
+    runner, box = _start(multinode, spec, out)
     shrunk = _wait_for_event(out, "resized", timeout_s=120)
     assert (shrunk["old"], shrunk["new"]) == (4, 3)
     multinode.cluster.add_node(num_cpus=WORKER_NODE_CPUS)  # capacity returns
@@ -335,3 +319,64 @@ def test_elastic_shrink_when_no_capacity_and_grow_back(multinode, tmp_path, hbas
         result["final_loss"],
         clean["final_loss"],
     )
+
+
+def _start(multinode, spec, out):
+    """Run `spec` in a thread (the test acts on the job meanwhile); join it to get the result."""
+    import threading
+
+    from orchestrator.driver import RunOptions, run_job
+    from orchestrator.spec import validate
+    from tests.component.conftest import REPO
+
+    box: dict = {}
+
+    def target():
+        opts = RunOptions(address=multinode.address, output=out, base_dir=str(REPO))
+        box["result"] = run_job(validate(spec), opts)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def test_uncordon_from_the_cli_while_the_job_runs(multinode, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.component.conftest import REPO
+
+    multinode.ensure_worker_nodes(3)
+    spec = small_spec(
+        name="uncordon-me",
+        steps=300,
+        chaos__faults=[{"kind": "gpu_xid", "rank": 0, "xid": 79, "at_step": 5}],
+    )
+    out = tmp_path / "job"
+    thread, box = _start(multinode, spec, out)
+    cordoned = _wait_for_event(out, "cordoned", timeout_s=120)
+    env = {**os.environ, "RAY_ADDRESS": multinode.address}
+
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", *args],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+
+    wrong = cli("uncordon", "ffffffff", "--job", "uncordon-me")
+    assert wrong.returncode == 2 and "is not cordoned" in wrong.stderr, wrong.stderr
+    missing = cli("uncordon", cordoned["node"][:12], "--job", "no-such-job")
+    assert missing.returncode == 2 and "no running stalwart job" in missing.stderr
+    ok = cli("uncordon", cordoned["node"][:12], "--job", "uncordon-me")
+    assert ok.returncode == 0, ok.stderr
+    assert cordoned["node"] in ok.stdout
+    event = _wait_for_event(out, "uncordoned", timeout_s=30)
+    assert event["node"] == cordoned["node"] and event["reason"] == "by the user"
+    thread.join(timeout=300)
+    assert box["result"]["status"] == "succeeded", box["result"]["error"]
