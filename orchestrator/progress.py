@@ -76,6 +76,11 @@ class ProgressView:
         line.append(f"  loss {loss:.4f}" if loss is not None else "  loss -")
         line.append(f"  failures {p['failures']}", style="red" if p["failures"] else "")
         line.append(f"  ckpt {committed if committed is not None else '-'}")
+        if p.get("cordoned"):
+            line.append(f"  cordoned {p['cordoned']}", style="yellow")
+        slow = [(r, sc) for r, sc in p.get("slowest") or () if sc >= 1.2]
+        if slow:
+            line.append("  slowest " + ", ".join(f"r{r} {sc:.1f}x" for r, sc in slow))
         line.truncate(max(20, self.console.width - 1), overflow="ellipsis")
         return line
 
@@ -100,6 +105,23 @@ def _event_line(e: dict[str, Any]) -> Text | None:
         )
     if t == "abort_timeout":
         return Text(f"{ts} rank {e['rank']} {e['reason']}", style="red")
+    if t in ("node_lost", "hang", "gpu_fatal", "gpu_error", "gpu_note"):
+        return Text(f"{ts} {t.replace('_', ' ')}: {e['reason']}", style="red")
+    if t == "straggler":
+        return Text(
+            f"{ts} straggler rank {e['rank']}: {e['reason']}; {e['decision']}", style="yellow"
+        )
+    if t == "stacks":
+        files = e.get("files") or {}
+        return Text(f"{ts} stacks of {len(files) or len(e['stacks'])} ranks captured", style="red")
+    if t in ("cordoned", "uncordoned"):
+        return Text(f"{ts} {t} node {e['node'][:12]}: {e['reason']}", style="yellow")
+    if t == "preflight" and e["failed"]:
+        return Text(f"{ts} preflight: {e['reason']}", style="yellow")
+    if t == "resized":
+        return Text(f"{ts} world {e['old']} -> {e['new']} ranks: {e['reason']}", style="yellow")
+    if t in ("fault_refused", "restart_from_scratch", "preflight_kept"):
+        return Text(f"{ts} {t.replace('_', ' ')}: {e['reason']}", style="magenta")
     return None
 
 
@@ -125,6 +147,17 @@ def print_summary(console: Console, result: dict[str, Any]) -> None:
     t.add_row("wall time", f"{result['wall_seconds']:.1f} s")
     t.add_row("failures", str(len(result["failures"])))
     t.add_row("steps redone", str(result["lost_steps_total"]))
+    if result.get("cordoned"):
+        t.add_row("cordoned", ", ".join(c["node"][:12] for c in result["cordoned"]))
+    if result.get("stragglers"):
+        t.add_row(
+            "stragglers",
+            ", ".join(
+                f"rank {s['rank']} ({s['score']:.1f}x, {s['action']})" for s in result["stragglers"]
+            ),
+        )
+    if result.get("resizes"):
+        t.add_row("resizes", ", ".join(f"{r['from']}->{r['to']}" for r in result["resizes"]))
     if result.get("model_digest"):
         t.add_row("model digest", result["model_digest"][:16] + "…")
     ck = result.get("checkpoint")
