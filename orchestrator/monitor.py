@@ -46,6 +46,8 @@ class HealthMonitor:
         self._notes: dict[tuple[str, int], str] = {}  # last info finding per GPU (dedupe)
         self.last_scores: dict[int, float] = {}  # latest straggler score per rank
         self._evaluated_through: int | None = None  # newest step the straggler verdict saw
+        self._verdict: tuple[StragglerReport, str] = (StragglerReport(), "no steps yet")
+        self.flagged_since: dict[int, int] = {}  # rank -> first step its flag rests on
 
     # --- nodes ------------------------------------------------------------------------------
 
@@ -83,6 +85,8 @@ class HealthMonitor:
         self.wall = {r: {} for r in ranks}
         self.last_scores = {}
         self._evaluated_through: int | None = None
+        self._verdict: tuple[StragglerReport, str] = (StragglerReport(), "no steps yet")
+        self.flagged_since: dict[int, int] = {}  # rank -> first step its flag rests on
 
     def beat(self, rank: int, beat: dict[str, Any]) -> None:
         r = self.ranks.get(rank)
@@ -114,27 +118,36 @@ class HealthMonitor:
         )
 
     def stragglers(self) -> tuple[StragglerReport, str]:
+        """The straggler verdict as of the newest step every rank has reported.
+
+        Every step that became common since the last call is evaluated, oldest first, so
+        `flagged_since[rank]` is the first step whose data supported the rank's flag,
+        however many steps one report delivered at once. With no new step, the previous
+        verdict stands (a quiet poll is not a recovery)."""
         if self.cfg.straggler.policy == "none":
             return StragglerReport(), "straggler detection off (health.straggler.policy=none)"
-        # Evaluate at every step that became common since the last call, oldest first, so
-        # a verdict is reached at the first step whose data supports it, however many steps
-        # one report delivers at once.
         if len(self.history) < 2:
             return StragglerReport(), "fewer than two ranks: nothing to compare"
         common = sorted(set.intersection(*(set(h) for h in self.history.values())))
         fresh = [
             t for t in common if self._evaluated_through is None or t > self._evaluated_through
         ]
-        report, reason = StragglerReport(), "no new steps"
-        for t in fresh[-self.straggler_cfg.span :] or fresh:
-            upto = {r: {k: v for k, v in h.items() if k <= t} for r, h in self.history.items()}
+        if not fresh:
+            return self._verdict
+        span = self.straggler_cfg.span
+        for t in fresh:
+            # Only the span of common steps ending at t matters to the verdict at t.
+            window = [s for s in common if s <= t][-span:]
+            upto = {r: {s: h[s] for s in window} for r, h in self.history.items()}
             report, reason = straggler_scores(upto, self.straggler_cfg)
-            if report.flagged:
-                break
-        if fresh:
-            self._evaluated_through = report.through_step or fresh[-1]
+            for rank in report.flagged:
+                self.flagged_since.setdefault(rank, t)
+            for rank in [r for r in self.flagged_since if r not in report.flagged]:
+                del self.flagged_since[rank]
+        self._evaluated_through = fresh[-1]
         if report.scores:
             self.last_scores = dict(report.scores)
+        self._verdict = (report, reason)
         return report, reason
 
     def steps_per_s(self, through_step: int, steps: int) -> float | None:

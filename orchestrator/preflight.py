@@ -97,8 +97,9 @@ def time_pair_allreduce(
 
 def pair_rounds(ranks: list[int]) -> list[list[tuple[int, int]]]:
     """Neighbour pairs in rounds where no rank is in two pairs at once: (0,1), (2,3), ...
-    then (1,2), (3,4), ..., and (last, first) to close the ring when there are more than
-    two. Every rank is in at least one pair (with two or more ranks)."""
+    then (1,2), (3,4), ..., and (last, first) to close the ring for an even number above
+    two (an odd ring does not fit in two rounds). Every rank is in at least one pair (with
+    two or more ranks)."""
     n = len(ranks)
     if n < 2:
         return []

@@ -908,11 +908,13 @@ class JobSupervisor:
                 "rank": rank,
                 "node": node_of[rank],
                 "score": report.scores.get(rank),
-                "through_step": report.through_step,
+                # the first step whose data supported the flag
+                "through_step": self.monitor.flagged_since.get(rank, report.through_step),
                 "rank_step": self.beats.get(rank, {}).get("step"),
                 # the job's rate over the steps the verdict covers
                 "steps_per_s": self.monitor.steps_per_s(
-                    report.through_step, self.monitor.straggler_cfg.span
+                    self.monitor.flagged_since.get(rank, report.through_step),
+                    self.monitor.straggler_cfg.span,
                 ),
                 "at": now,
                 "action": decision.action.value,
