@@ -416,8 +416,10 @@ class BenchSupervisor:
         self.monitor = HealthMonitor(self.spec)
         self.ask_s = 0.0
         self.asks = 0
+        self.asked_at: dict[str, float] = {}  # node -> when its report was last asked for
 
         def ask(node: str) -> Any:
+            self.asked_at[node] = time.time()
             t = time.perf_counter()
             ref = self.host_of[node].report.remote(node)
             self.ask_s += time.perf_counter() - t
@@ -429,6 +431,7 @@ class BenchSupervisor:
         self._stop = threading.Event()
         self.phase: tuple[str, float] = ("idle", time.time())
         self.lags: list[tuple[float, float]] = []  # (ingest time, ingest - report "at")
+        self.answers: list[float] = []  # report "at" - when it was asked for (agent side)
         self.iterations: list[dict[str, Any]] = []
         self.node_lost: dict[str, float] = {}  # node -> when lost_nodes() first named it
         self.flagged: dict[int, dict[str, Any]] = {}  # rank -> first straggler verdict naming it
@@ -465,7 +468,9 @@ class BenchSupervisor:
         self.phase = ("ingest", t1)
         beats = 0
         for rep in reports:
-            self.lags.append((time.time(), time.time() - rep["at"]))
+            now = time.time()
+            self.lags.append((now, now - rep["at"]))
+            self.answers.append(rep["at"] - self.asked_at.get(rep["node"], math.nan))
             for rank, beat in rep["beats"].items():
                 rank = int(rank)
                 # _poll_agents' checks: this rank's current process, this generation
@@ -560,6 +565,7 @@ class BenchSupervisor:
             "last_poll": self.poller.last_poll,
             "asks": self.asks,
             "lags": list(self.lags),
+            "answers": list(self.answers),
             "iterations": list(self.iterations),
             "node_lost": dict(self.node_lost),
             "flagged": dict(self.flagged),
@@ -673,7 +679,8 @@ def summarize_run(
 ) -> dict[str, Any]:
     interval = spec.report_interval_s
     wall = end - snap["started_at"]
-    since_poll = snap["now"] - snap["last_poll"] if snap["ended_at"] is None else None
+    # How long the loop had not polled when it ended (or when it was given up on).
+    since_poll = (snap["ended_at"] or snap["now"]) - snap["last_poll"]
     lag = lag_summary(snap["lags"], t0, end, interval, since_poll)
     losses, slows = [], []
     for inj in injections:
@@ -715,6 +722,12 @@ def summarize_run(
         "sim_hosts_cpu_pct_of_core": 100.0 * host_cpu / wall if wall > 0 else None,
         "machine_cpu_pct_of_all_cores": 100.0 * busy / total if total else None,
         "lag": lag,
+        # ask -> the agent's answer: simulator queueing + Ray transit (not the supervisor's)
+        "answer_s": {
+            "p50": percentile([a for a in snap["answers"] if a == a], 50),
+            "p99": percentile([a for a in snap["answers"] if a == a], 99),
+            "max": max((a for a in snap["answers"] if a == a), default=None),
+        },
         "poll_period": {
             "iterations": len(its),
             "p50_s": percentile(gaps, 50),
@@ -975,11 +988,11 @@ def render(
     lines.append(
         f"{'ranks':>6} {'stragg':>6} {'iters':>5} {'asks/':>6} {'asks':>5} {'poll':>5} "
         f"{'ingest':>6} {'lost_':>6} {'hang':>5} {'strag-':>7} {'max':>6} {'hosts':>5} "
-        f"{'mach-':>5}  end"
+        f"{'mach-':>5} {'answer ms':>9}  end"
     )
     lines.append(
         f"{'':>6} {'policy':>6} {'':>5} {'node':>6} {'':>5} {'rest':>5} {'':>6} {'nodes':>6} "
-        f"{'':>5} {'glers':>7} {'iter s':>6} {'CPU':>5} {'ine %':>5}"
+        f"{'':>5} {'glers':>7} {'iter s':>6} {'CPU':>5} {'ine %':>5} {'p50/p99':>9}"
     )
     for r in runs:
         if "error" in r:
@@ -992,11 +1005,12 @@ def render(
             f"{_ms(b['lost_nodes_s']):>6} {_ms(b['hang_s']):>5} {_ms(b['stragglers_s']):>7} "
             f"{_fmt(r['iteration_max_s']['total_s'], '.1f'):>6} "
             f"{_fmt(r['sim_hosts_cpu_pct_of_core'], '.0f'):>5} "
-            f"{_fmt(r['machine_cpu_pct_of_all_cores'], '.0f'):>5}  {r['run_end']}"
+            f"{_fmt(r['machine_cpu_pct_of_all_cores'], '.0f'):>5} "
+            f"{_pair(r['answer_s']['p50'], r['answer_s']['p99']):>9}  {r['run_end']}"
             + (
                 f", inside {r['supervisor_at_end']['phase']} for the last "
                 f"{r['supervisor_at_end']['in_phase_for_s']:.0f} s"
-                if r["lag"]["stuck_at_end"]
+                if r["run_end"] != "finished"
                 else ""
             )
         )
@@ -1069,11 +1083,12 @@ def findings(
         why = []
         if not g["lag_steady"]:
             lag = r["lag"]
-            if lag["stuck_at_end"]:
+            if lag["stuck_at_end"] or lag["last_third"]["n"] == 0:
                 why.append(
-                    f"the supervisor stopped polling: {r['poll_period']['iterations']} polls in "
-                    f"{r['wall_s']:.0f} s, inside {r['supervisor_at_end']['phase']} for the last "
-                    f"{r['supervisor_at_end']['in_phase_for_s']:.0f} s"
+                    f"the supervisor fell behind: {r['poll_period']['iterations']} polls in "
+                    f"{r['wall_s']:.0f} s, none for the last "
+                    f"{lag['since_last_poll_at_end_s']:.0f} s, no report taken in the last "
+                    f"third (lag p99 {_fmt(lag['first_third']['p99_s'])} s in the first)"
                 )
             else:
                 why.append(
@@ -1127,9 +1142,10 @@ def findings(
     if cadence:
         out.append(
             f"ReportPoller asked each node {min(cadence):.2f}-{max(cadence):.2f} times per poll "
-            "(1.0 would be every poll): an answer that arrives between polls is taken at the "
-            "next poll, which asks before it collects, so that node is asked again only at the "
-            "poll after."
+            "(1.0 would be every poll): an answer not in by the end of the poll that asked for "
+            "it is taken at the next poll, which asks before it collects, so that node is asked "
+            "again only at the poll after (answers in before the poll's own ray.wait, from "
+            "nodes asked early in a long ask loop, are re-asked every poll)."
         )
     for c in costs:
         per_node = c["ask_us_per_call"] + c["get_us_per_report_per_ref"]

@@ -1080,7 +1080,7 @@ class JobSupervisor:
                 extra = self._collect(ref)
                 if extra is not None:
                     failures.append(extra)
-                    if extra.kind is FailureKind.WORKER_DIED:
+                    if extra.process_lost:
                         replace.add(extra.rank)
         stuck = sorted(self.futures.values())
         for ref in list(self.futures):
