@@ -375,6 +375,7 @@ class TrainWorker:
             "metrics": dict(p.metrics) if p else {},
             "samples": p.samples if p else 0.0,
             "compute_seconds": p.compute_seconds if p else 0.0,
+            "collective_seconds": p.collective_seconds if p else 0.0,
             "recent": list(p.recent) if p else [],
             "collective_since": self._collective_since(),
             "rss_bytes": _rss_bytes(),
