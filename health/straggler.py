@@ -5,9 +5,11 @@ in the gradient all-reduce), so step time cannot find it. Compute time can: each
 time inside the loop body minus the time it waited in collectives. The slow rank computes
 longer; its peers wait longer.
 
-Each rank gets a score per window of ``window_steps`` steps: its median compute time over
-the window divided by the median of the *other* ranks' medians (leave-one-out, so two ranks
-suffice and one slow rank cannot drag the reference up). In the spirit of NVIDIA
+Each rank gets a score per window of ``window_steps`` steps: its *best* (shortest) compute
+time in the window divided by the median of the *other* ranks' best times (leave-one-out, so
+two ranks suffice and one slow rank cannot drag the reference up). The best step, not the
+median: a straggler is slow even at its best, while a healthy rank that a busy machine
+preempts now and then still has fast steps in between. In the spirit of NVIDIA
 resiliency-ext's relative scores, but inverted: 1.0 is normal, 3.0 is three times slower.
 A rank is flagged when its score reaches ``threshold`` (and its excess is above timer noise)
 in ``consecutive_windows`` consecutive windows.
@@ -59,10 +61,10 @@ def straggler_scores(
     slow_in_all: set[int] | None = None
     scores: dict[int, float] = {}
     for window in windows:
-        medians = {r: statistics.median(h[s] for s in window) for r, h in history.items()}
+        best = {r: min(h[s] for s in window) for r, h in history.items()}
         slow = set()
-        for rank, m in medians.items():
-            ref = statistics.median(v for r, v in medians.items() if r != rank)
+        for rank, m in best.items():
+            ref = statistics.median(v for r, v in best.items() if r != rank)
             score = m / ref if ref > 0 else 1.0
             scores[rank] = round(score, 3)
             if score >= config.threshold and m - ref >= config.min_excess_s:
@@ -76,7 +78,7 @@ def straggler_scores(
     report = StragglerReport(scores, flagged, steps[-1])
     if flagged:
         reason = "; ".join(
-            f"rank {r} computes {scores[r]:.2f}x the median of its peers in "
+            f"rank {r} computes {scores[r]:.2f}x its peers' median (best step per window) in "
             f"{n_windows} consecutive windows of {w} steps (threshold {config.threshold})"
             for r in flagged
         )

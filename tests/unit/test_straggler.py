@@ -88,8 +88,8 @@ def test_slow_rank_among_four_is_flagged_after_two_full_windows():
     assert report.scores == {0: 1.0, 1: 1.0, 2: 1.0, 3: 3.0}
     assert report.through_step == 9
     assert reason == (
-        "rank 3 computes 3.00x the median of its peers in 2 consecutive windows of 5 steps "
-        "(threshold 1.5)"
+        "rank 3 computes 3.00x its peers' median (best step per window) in 2 consecutive "
+        "windows of 5 steps (threshold 1.5)"
     )
 
 
