@@ -27,7 +27,7 @@ from health.policy import Action, Decision
 
 @dataclass(frozen=True)
 class StragglerConfig:
-    threshold: float = 1.5
+    threshold: float = 2.0
     window_steps: int = 5
     consecutive_windows: int = 2
     min_excess_s: float = 0.005

@@ -98,7 +98,10 @@ class StragglerSpec(_Model):
         "another node and cordon its node; none: do not look",
     )
     threshold: float = Field(
-        1.5, gt=1, description="flag a rank whose compute time is this many times the median"
+        2.0,
+        gt=1,
+        description="flag a rank whose compute time is this many times its peers' median "
+        "(lower it on quiet, uniform hardware; noisy shared machines reach 1.5)",
     )
     window_steps: int = Field(
         5,

@@ -1329,11 +1329,18 @@ class JobSupervisor:
         self._last_grow_check = time.time()
         # Free bundles of the group first: Ray moves a lost node's bundles to a node with
         # room when one appears, reserving that room for them.
+        # Also one outside the group per missing rank: Ray only moves a lost node's bundle
+        # once it has declared the node dead, which can take a while; whichever starts
+        # first is used, the rest are stopped once the world is whole.
         free = self._free_bundles()
-        while len(self.growing) < self.spec.max_workers - self.world:
-            bundle = free.pop(0) if free else None
+        missing = self.spec.max_workers - self.world
+        outside = sum(1 for _, b in self.growing.values() if b is None)
+        for bundle in free[: max(0, missing - (len(self.growing) - outside))]:
             actor = self._create_worker(None, bundle)
             self.growing[actor.ready.remote()] = (actor, bundle)
+        for _ in range(max(0, missing - outside)):
+            actor = self._create_worker(None, None)
+            self.growing[actor.ready.remote()] = (actor, None)
         ready, _ = ray.wait(list(self.growing), num_returns=len(self.growing), timeout=0)
         usable, nodes = [], set()
         for ref in ready:

@@ -14,7 +14,7 @@ from orchestrator.monitor import HealthMonitor
 from orchestrator.spec import HealthSpec, StragglerSpec
 
 FAST_S = 0.02  # a healthy rank's compute seconds per step
-SLOW_S = 0.06  # a straggler's: 3x, well over threshold 1.5 and min_excess_s
+SLOW_S = 0.06  # a straggler's: 3x, well over threshold 2.0 and min_excess_s
 
 
 def monitor(**health: Any) -> HealthMonitor:

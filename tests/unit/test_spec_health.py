@@ -34,7 +34,7 @@ def test_health_defaults():
     assert h.hang_timeout_s == 300.0
     assert h.cordon_ttl_s == 3600.0
     assert h.straggler.policy == "alert"
-    assert h.straggler.threshold == 1.5
+    assert h.straggler.threshold == 2.0
     assert h.straggler.window_steps == 5
     assert h.straggler.consecutive_windows == 2
     assert h.straggler.min_excess_s == 0.005
@@ -61,7 +61,7 @@ def test_straggler_defaults_match_the_detector_defaults():
 def test_partial_health_section_keeps_other_defaults():
     h = validate(with_health(straggler={"policy": "replace"}, gpu={"probe": "fake"})).health
     assert h.straggler.policy == "replace"
-    assert h.straggler.threshold == 1.5
+    assert h.straggler.threshold == 2.0
     assert h.gpu.probe == "fake"
     assert h.hang_timeout_s == 300.0
     assert h.preflight.enabled is True

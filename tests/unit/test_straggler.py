@@ -15,7 +15,9 @@ from health.straggler import (
     straggler_scores,
 )
 
-CFG = StragglerConfig()  # threshold 1.5, 5-step windows, 2 consecutive, 5 ms min excess
+CFG = StragglerConfig(
+    threshold=1.5
+)  # threshold 1.5, 5-step windows, 2 consecutive, 5 ms min excess
 BASE_S = 0.02
 
 
@@ -41,7 +43,7 @@ def budget(used: int = 0, max_restarts: int | None = 10) -> Budget:
 
 
 def test_default_config_and_span():
-    assert StragglerConfig(1.5, 5, 2, 0.005) == CFG
+    assert StragglerConfig(2.0, 5, 2, 0.005) == StragglerConfig()
     assert CFG.span == 10
     assert StragglerConfig(window_steps=7, consecutive_windows=3).span == 21
 
