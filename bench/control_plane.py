@@ -75,6 +75,7 @@ import pstats
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -325,6 +326,7 @@ class SimHost:
             "metrics": {"loss": 2.0 + 1.0 / (1 + done)},
             "samples": 64.0 * done,
             "compute_seconds": rec[-1][1] if rec else 0.0,
+            "collective_seconds": max(0.0, rec[-1][2] - rec[-1][1]) if rec else 0.0,
             "recent": list(rec),
             "collective_since": None,  # beats go out at a step's end
             "rss_bytes": RSS_BYTES,
@@ -610,6 +612,7 @@ def run_size(ranks: int, policy: str, args: argparse.Namespace, log: Any = print
         runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
     )
     rec: dict[str, Any] = {"ranks": ranks, "nodes": n_nodes, "hosts": hosts_n, "policy": policy}
+    rec["loadavg_before"] = os.getloadavg()
     try:
         hosts = [SimHost.remote(i, per_host[i], seed=1000 + i) for i in range(hosts_n)]
         ray.get([h.ready.remote() for h in hosts])
@@ -658,6 +661,7 @@ def run_size(ranks: int, policy: str, args: argparse.Namespace, log: Any = print
             )
         )
         rec["run_end"] = stopped
+        rec["loadavg_after"] = os.getloadavg()
         rec["injection_plan"] = plan
     finally:
         ray.shutdown()
@@ -753,6 +757,20 @@ def summarize_run(
         "straggler": straggler,
         "recoveries": snap["recoveries"],
         "injections": injections,
+        # every loop iteration: start (s after the run's start) and where its time went
+        "timeline": [
+            {
+                "t": round(it["t"] - t0, 2),
+                **{
+                    k: round(it[k], 4)
+                    for k in ("total_s", "poll_s", "ingest_s", "stragglers_s", "cpu_s")
+                },
+                "reports": it["reports"],
+                "asks": it["asks"],
+                "flagged": it["flagged"],
+            }
+            for it in its
+        ],
         "goal": goal_verdict(lag, node_loss, straggler),
     }
 
@@ -822,8 +840,15 @@ def profile_monitor(ranks: int, with_cprofile: bool) -> dict[str, Any]:
         "stragglers_through_step": report.through_step,
     }
     if with_cprofile:
-        # Same call again at the next step, under the profiler.
-        for r, b in beats_for(steps + 1).items():
+        # A backlog: five new common steps in one call (a loop that fell five steps behind).
+        for k in range(1, 6):
+            for r, b in beats_for(steps + k).items():
+                m.beat(r, b)
+        t = time.perf_counter()
+        m.stragglers()
+        out["stragglers_five_fresh_steps_s"] = time.perf_counter() - t
+        # One step more, under the profiler.
+        for r, b in beats_for(steps + 6).items():
             m.beat(r, b)
         prof = cProfile.Profile()
         prof.enable()
@@ -943,12 +968,17 @@ def render(
     costs: list[dict[str, Any]],
     findings: list[str],
 ) -> str:
+    spec = HealthSpec.model_validate(HEALTH)
+    st_cfg = spec.straggler
+    span = st_cfg.window_steps * st_cfg.consecutive_windows
     lines = [
         "Control plane: simulated ranks (8 per node, 1 step/s, 1 beat/step) -> agents -> "
         "HealthMonitor + ReportPoller",
-        f"report_interval_s={HEALTH['report_interval_s']}, heartbeat_timeout_s="
-        f"{HEALTH['heartbeat_timeout_s']} (node-loss limit 6.0 s), straggler window 5 x 2 steps "
-        "(limit 20.0 s); CPU in % of one core",
+        f"report_interval_s={spec.report_interval_s}, heartbeat_timeout_s="
+        f"{spec.heartbeat_timeout_s} (node-loss limit {2 * spec.heartbeat_timeout_s} s), "
+        f"straggler threshold {st_cfg.threshold}, window {st_cfg.window_steps} x "
+        f"{st_cfg.consecutive_windows} steps (limit {2 * span * STEP_S} s), injected "
+        f"straggler {SLOW_FACTOR}x; CPU in % of one core",
         "",
         f"{'ranks':>6} {'nodes':>5} {'stragg':>6} {'sup':>4} {'lag p50/p99 ms':>14} "
         f"{'lag p50/p99 ms':>14} {'lag':>5} {'lag':>5} {'poll gap':>9} {'node loss s':>15} "
@@ -1025,6 +1055,14 @@ def render(
                 f"{p['ranks']:>6} {p['beat_us_per_rank']:>12.1f} {p['beat_all_ranks_s']:>10.3f} "
                 f"{p['lost_nodes_s']:>12.4f} {p['hang_s']:>7.3f} "
                 f"{p['stragglers_one_fresh_step_s']:>29.3f}"
+            )
+        backlog = [p for p in profiles if "stragglers_five_fresh_steps_s" in p]
+        for p in backlog:
+            lines.append(
+                f"stragglers() with a backlog of 5 fresh steps at {p['ranks']} ranks: "
+                f"{p['stragglers_five_fresh_steps_s']:.3f} s "
+                f"({p['stragglers_five_fresh_steps_s'] / p['stragglers_one_fresh_step_s']:.1f}x "
+                "one step)"
             )
         fit = straggler_fit(profiles)
         if fit:
@@ -1120,11 +1158,20 @@ def findings(
         pts = ", ".join(
             f"{p['stragglers_one_fresh_step_s']:.2f} s at {p['ranks']}" for p in profiles
         )
+        backlog = [p for p in profiles if "stragglers_five_fresh_steps_s" in p]
+        b0 = backlog[0] if backlog else {}
+        more = (
+            f" Five fresh steps in one call cost "
+            f"{b0['stragglers_five_fresh_steps_s'] / b0['stragglers_one_fresh_step_s']:.1f}x "
+            f"one (at {b0['ranks']} ranks): every fresh step is evaluated, so a loop "
+            "that falls behind pays for each step it fell behind."
+            if backlog
+            else ""
+        )
         out.append(
             f"HealthMonitor.stragglers() with one fresh step costs {pts} ranks: ranks^"
             f"{fit['exponent']:.2f}, about {fit['extrapolated_s']['16384']:.0f} s at 16384 "
-            "(extrapolated). With a backlog it evaluates up to window_steps*consecutive_windows "
-            "fresh steps per call, each at that cost."
+            "(extrapolated)." + more
         )
     for r in ok:
         if r["policy"] == "none":
@@ -1227,6 +1274,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def code_version() -> dict[str, Any]:
+    """The commit under test and whether orchestrator/ or health/ differ from it."""
+
+    def git(*cmd: str) -> str:
+        try:
+            out = subprocess.run(
+                ["git", *cmd], cwd=REPO, capture_output=True, text=True, timeout=10
+            )
+            return out.stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    dirty = git("status", "--porcelain", "--", "orchestrator", "health")
+    return {"commit": git("rev-parse", "HEAD"), "uncommitted": dirty.splitlines()}
+
+
 def _write_json(path: Path, obj: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(obj, indent=1, default=str))
@@ -1237,6 +1300,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.time()
     load_before = os.getloadavg()
+    code_before = code_version()
 
     def log(msg: str) -> None:
         print(f"[{time.time() - started:6.1f}s] {msg}", flush=True)
@@ -1269,6 +1333,14 @@ def main(argv: list[str] | None = None) -> int:
         log(f"Ray call costs at {n} nodes ...")
         costs.append(ray_call_costs(n, args.hosts))
     notes = findings(runs, profiles, costs, args.straggler_policy)
+    code_after = code_version()
+    if code_after != code_before:
+        notes.insert(
+            0,
+            "WARNING: orchestrator/ or health/ changed during the run "
+            f"({code_before['commit'][:10]} -> {code_after['commit'][:10]}); the sizes may "
+            "have measured different code.",
+        )
     text = render(runs, profiles, costs, notes)
     print()
     print(text)
@@ -1295,6 +1367,7 @@ def main(argv: list[str] | None = None) -> int:
             "ray": ray.__version__,
             "python": sys.version.split()[0],
         },
+        "code": {"before": code_before, "after": code_after},
         "total_seconds": time.time() - started,
         "goal_held_by_size": verdict,
         "findings": notes,

@@ -193,11 +193,18 @@ def test_slow_rank_replaced_by_a_spare_on_another_node(hrun):
     # slow (up to the flag), and after its replacement (after the restart's first second).
     before = statistics.median(_rates(result, 1, before_step=onset)[1:])
     slow = flag["steps_per_s"]
-    after = statistics.median(_rates(result, 2)[1:])
-    # (After the replacement, the used spare's successor starts in the background and
-    # competes for this machine's two cores for a few seconds; hence the margins.)
+    # After: once the used spare's successor has started (on two cores its start-up
+    # competes with training for a few seconds).
+    refilled = [e["ts"] for e in events_of(result, "spare_ready") if e["ts"] > flag["at"]]
+    after = statistics.median(
+        [
+            e["steps_per_s"]
+            for e in events_of(result, "throughput")
+            if e["generation"] == 2 and (not refilled or e["ts"] > refilled[0])
+        ][1:]
+    )
     assert slow < 0.6 * before, (before, slow, after)
-    assert after > 1.5 * slow and after > 0.6 * before, (before, slow, after)
+    assert after > 1.5 * slow and after > 0.7 * before, (before, slow, after)
 
 
 def test_slow_rank_with_policy_alert_is_flagged_not_replaced(hrun):
