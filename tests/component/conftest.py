@@ -114,19 +114,24 @@ def run(ray_address, tmp_path):
     return make_runner(ray_address, tmp_path)
 
 
-@pytest.fixture
-def baseline(run, _baselines):
-    """The failure-free run of the same spec (cached per spec for the session)."""
+def make_baseline(run, cache: dict[str, dict[str, Any]]):
+    """The failure-free run of a spec through `run`, cached in `cache` by spec."""
 
     def _baseline(spec: dict[str, Any]) -> dict[str, Any]:
         clean = copy.deepcopy(spec)
         clean["chaos"] = {"faults": []}
         key = json.dumps(clean, sort_keys=True)
-        if key not in _baselines:
+        if key not in cache:
             result = run(clean)
             assert result["status"] == "succeeded", result["error"]
             assert result["failures"] == []
-            _baselines[key] = result
-        return _baselines[key]
+            cache[key] = result
+        return cache[key]
 
     return _baseline
+
+
+@pytest.fixture
+def baseline(run, _baselines):
+    """The failure-free run of the same spec (cached per spec for the session)."""
+    return make_baseline(run, _baselines)

@@ -7,7 +7,6 @@ exactness is the model digest of the failure-free run of the same spec.
 
 from __future__ import annotations
 
-import copy
 import json
 import statistics
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.component.conftest import SMALL, make_runner, small_spec
+from tests.component.conftest import SMALL, make_baseline, make_runner, small_spec
 
 SMALL_MODEL = SMALL["config"]["model"]
 
@@ -77,18 +76,8 @@ def hrun(multinode, tmp_path):
 
 @pytest.fixture
 def hbaseline(hrun, _clean_runs):
-    def _baseline(spec):
-        clean = copy.deepcopy(spec)
-        clean["chaos"] = {"faults": []}
-        key = json.dumps(clean, sort_keys=True)
-        if key not in _clean_runs:
-            result = hrun(clean)
-            assert result["status"] == "succeeded", result["error"]
-            assert result["failures"] == []
-            _clean_runs[key] = result
-        return _clean_runs[key]
-
-    return _baseline
+    """The failure-free run of a spec on this module's cluster (cached per spec)."""
+    return make_baseline(hrun, _clean_runs)
 
 
 def events_of(result, kind):

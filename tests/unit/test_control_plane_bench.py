@@ -82,6 +82,13 @@ def test_plan_stragglers_first_then_node_losses():
     assert plan[-1]["at"] + 6.0 <= 60.0
 
 
+def test_node_losses_spread_over_a_poll_interval():
+    plan = cp.plan_injections(60.0, 5, 1.0, 3.0, 10, interval_s=1.0)
+    phases = sorted(round(p["at"] % 1.0, 3) for p in plan if p["kind"] == "node_loss")
+    assert phases == [0.1, 0.3, 0.5, 0.7, 0.9]
+    assert all(p["at"] % 1.0 == 0 for p in plan if p["kind"] == "straggler")
+
+
 def test_plan_refuses_a_run_too_short():
     with pytest.raises(ValueError, match="at least"):
         cp.plan_injections(20.0, 5, 1.0, 3.0, 10)
