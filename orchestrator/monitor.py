@@ -43,7 +43,8 @@ class HealthMonitor:
         self.wall: dict[int, dict[int, float]] = {}  # rank -> step -> step cycle seconds
         self.gpus: dict[tuple[str, int], GpuReading] = {}
         self._ecc_base: dict[tuple[str, int], int] = {}
-        self._notes: dict[tuple[str, int], str] = {}  # last info finding per GPU (dedupe)
+        # (severity, (node, gpu)) -> the finding last reported, so a lasting one is news once
+        self._notes: dict[tuple[str, tuple[str, int]], str] = {}
         self.last_scores: dict[int, float] = {}  # latest straggler score per rank
         self._evaluated_through: int | None = None  # newest step the straggler verdict saw
         self._verdict: tuple[StragglerReport, str] = (StragglerReport(), "no steps yet")
@@ -170,16 +171,24 @@ class HealthMonitor:
     # --- GPUs -------------------------------------------------------------------------------
 
     def gpu_readings(self, node: str, gpus: list[dict[str, Any]]) -> tuple[GpuVerdict, str]:
-        """Judge one report's readings; info findings already reported are left out."""
+        """Judge one report's readings. A finding is reported when it appears (or changes),
+        not on every report while it lasts (a lost GPU stays lost); once a GPU reads clean
+        again, the same finding is news again."""
         readings = [GpuReading(**{**g, "xids": tuple(g["xids"])}) for g in gpus]
         for r in readings:
             key = (r.node, r.index)
             self._ecc_base.setdefault(key, r.ecc_uncorrected)
             self.gpus[key] = r
         verdict, reason = judge_gpus(readings, self._ecc_base, self.cfg.gpu.max_temperature_c)
-        fresh = {k: v for k, v in verdict.info.items() if self._notes.get(k) != v}
-        self._notes.update(fresh)
+        buckets = {"fatal": verdict.fatal, "application": verdict.application, "info": verdict.info}
+        fresh: dict[str, dict[tuple[str, int], str]] = {}
+        for name, bucket in buckets.items():
+            fresh[name] = {k: v for k, v in bucket.items() if self._notes.get((name, k)) != v}
+            self._notes.update({(name, k): v for k, v in bucket.items()})
+            for r in readings:
+                if (r.node, r.index) not in bucket:
+                    self._notes.pop((name, (r.node, r.index)), None)
         # A fatal ECC rise is reported once: the new count becomes the base.
         for key in verdict.fatal:
             self._ecc_base[key] = self.gpus[key].ecc_uncorrected
-        return GpuVerdict(verdict.fatal, verdict.application, fresh), reason
+        return GpuVerdict(fresh["fatal"], fresh["application"], fresh["info"]), reason

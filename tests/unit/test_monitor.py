@@ -540,3 +540,21 @@ def test_ecc_baseline_is_per_gpu():
     assert verdict.fatal == {}
     verdict, _ = m.gpu_readings("n2", [gpu("n2", 0, ecc_uncorrected=4)])
     assert verdict.fatal == {("n2", 0): "uncorrectable ECC errors rose to 4"}
+
+
+def test_a_lasting_fatal_finding_is_reported_once_and_again_after_a_clean_reading():
+    m = monitor()
+    first, _ = m.gpu_readings("n1", [gpu(lost=True)])
+    assert list(first.fatal) == [("n1", 0)]
+    again, _ = m.gpu_readings("n1", [gpu(lost=True)])
+    assert again.fatal == {}  # still lost: not news
+    m.gpu_readings("n1", [gpu()])  # reads clean
+    back, _ = m.gpu_readings("n1", [gpu(lost=True)])
+    assert list(back.fatal) == [("n1", 0)]
+
+
+def test_an_application_xid_after_a_clean_reading_is_news_again():
+    m = monitor()
+    assert list(m.gpu_readings("n1", [gpu(xids=(13,))])[0].application) == [("n1", 0)]
+    m.gpu_readings("n1", [gpu()])
+    assert list(m.gpu_readings("n1", [gpu(xids=(13,))])[0].application) == [("n1", 0)]
