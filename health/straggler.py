@@ -17,7 +17,6 @@ in ``consecutive_windows`` consecutive windows.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -62,9 +61,13 @@ def straggler_scores(
     scores: dict[int, float] = {}
     for window in windows:
         best = {r: min(h[s] for s in window) for r, h in history.items()}
+        ordered = sorted(best.values())
+        position = {}  # rank -> an index of its value in `ordered`
+        for i, (rank, _) in enumerate(sorted(best.items(), key=lambda kv: kv[1])):
+            position[rank] = i
         slow = set()
         for rank, m in best.items():
-            ref = statistics.median(v for r, v in best.items() if r != rank)
+            ref = _median_without(ordered, position[rank])
             score = m / ref if ref > 0 else 1.0
             scores[rank] = round(score, 3)
             if score >= config.threshold and m - ref >= config.min_excess_s:
@@ -86,6 +89,17 @@ def straggler_scores(
         worst = max(scores, key=scores.get)
         reason = f"no straggler (highest score: rank {worst} at {scores[worst]:.2f})"
     return report, reason
+
+
+def _median_without(ordered: list[float], i: int) -> float:
+    """The median of `ordered` (sorted) without its element at index `i`, in O(1): the
+    leave-one-out reference for every rank costs one sort, not one per rank."""
+    n = len(ordered) - 1
+
+    def at(k: int) -> float:  # the k-th element once index i is removed
+        return ordered[k] if k < i else ordered[k + 1]
+
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
 
 
 def straggler_decision(

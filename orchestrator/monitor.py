@@ -136,7 +136,9 @@ class HealthMonitor:
         if not fresh:
             return self._verdict
         span = self.straggler_cfg.span
-        for t in fresh:
+        # A backlog (a slow call, a report carrying many steps) is judged over its newest two
+        # spans of steps only, so one call's cost stays bounded and cannot feed on itself.
+        for t in fresh[-2 * span :]:
             # Only the span of common steps ending at t matters to the verdict at t.
             window = [s for s in common if s <= t][-span:]
             upto = {r: {s: h[s] for s in window} for r, h in self.history.items()}

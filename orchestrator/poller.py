@@ -34,13 +34,20 @@ class ReportPoller:
         self.outstanding.clear()
 
     def poll(self, nodes: Iterable[str], wait_s: float = 0.0) -> list[dict[str, Any]]:
-        """Ask every node in `nodes` without a request in flight; return the reports that
-        are in, waiting up to `wait_s` for all of them."""
+        """Take the answers that are in, then ask every node in `nodes` without a request in
+        flight (so in steady state each node is asked once per poll); with `wait_s`, wait up
+        to that long for every answer."""
+        reports = self._collect(0.0)
         now = self.last_poll = time.time()
         for node in nodes:
             if node not in self.outstanding:
                 self.outstanding[node] = self._ask(node)
                 self.monitor.node_asked(node, now)
+        if wait_s > 0:
+            reports += self._collect(wait_s)
+        return reports
+
+    def _collect(self, wait_s: float) -> list[dict[str, Any]]:
         node_of = {ref: node for node, ref in self.outstanding.items()}
         if not node_of:
             return []

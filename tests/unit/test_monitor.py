@@ -412,11 +412,11 @@ def test_verdict_at_step_zero_is_followed_by_step_one(clock):
     # as a step like any other (not as "no verdict").
     m = monitor(straggler=StragglerSpec(window_steps=1, consecutive_windows=1))
     two_ranks(m, clock())
-    feed(m, range(4), clock.now + 1, slow={1: SLOW_S})
+    feed(m, range(2), clock.now + 1, slow={1: SLOW_S})
     report, _ = m.stragglers()
-    assert (report.flagged, report.through_step) == ((1,), 3)
+    assert (report.flagged, report.through_step) == ((1,), 1)
     assert m.flagged_since == {1: 0}
-    feed(m, range(4, 6), clock.now + 2, slow={1: SLOW_S})
+    feed(m, range(2, 6), clock.now + 2, slow={1: SLOW_S})
     report, _ = m.stragglers()
     assert (report.flagged, report.through_step) == ((1,), 5)
     assert m.flagged_since == {1: 0}
@@ -558,3 +558,18 @@ def test_an_application_xid_after_a_clean_reading_is_news_again():
     assert list(m.gpu_readings("n1", [gpu(xids=(13,))])[0].application) == [("n1", 0)]
     m.gpu_readings("n1", [gpu()])
     assert list(m.gpu_readings("n1", [gpu(xids=(13,))])[0].application) == [("n1", 0)]
+
+
+def test_a_backlog_is_judged_over_its_newest_two_spans_only(clock):
+    # 40 steps arrive at once (span 10): only steps 20..39 are evaluated, so the call's
+    # cost is bounded; the flag then rests on the first evaluated step that supports it.
+    m = monitor()
+    two_ranks(m, clock())
+    m.history = {r: {} for r in m.ranks}
+    for rank, r in m.ranks.items():
+        steps = [(s, SLOW_S if rank == 1 else FAST_S, 0.1) for s in range(40)]
+        for s0 in range(0, 40, 20):
+            m.beat(rank, beat(r.pid, s0 + 20, clock.now + 1, steps[s0 : s0 + 20]))
+    report, _ = m.stragglers()
+    assert report.flagged == (1,) and report.through_step == 39
+    assert m.flagged_since == {1: 20}

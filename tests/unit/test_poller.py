@@ -107,20 +107,22 @@ def test_first_poll_asks_every_node_once(poller, agents, fake_ray, clock):
 
 def test_a_node_with_a_request_in_flight_is_not_asked_again(poller, agents, fake_ray, clock):
     poller.poll(["a", "b"])
+    assert fake_ray.waits == []  # nothing was in flight to collect
     clock.advance(0.2)
     assert poller.poll(["a", "b"]) == []
     assert agents.asked("a") == agents.asked("b") == 1
-    assert len(fake_ray.waits) == 2
-    assert set(fake_ray.waits[1][0]) == set(agents.sent)  # still waiting on the first requests
+    [(refs, _, timeout)] = fake_ray.waits
+    assert set(refs) == set(agents.sent) and timeout == 0.0  # still waiting on the first
 
 
-def test_answers_are_returned_and_those_nodes_asked_again(poller, agents, fake_ray, clock):
+def test_answers_are_taken_first_and_those_nodes_asked_again_at_once(
+    poller, agents, fake_ray, clock
+):
     poller.poll(["a", "b"])
     report = answer(fake_ray, agents.last("a"), {"node": "a", "beats": {}})
     assert poller.poll(["a", "b"]) == [report]
-    assert set(poller.outstanding) == {"b"}
-    assert agents.asked("a") == 1  # taken this poll, asked again on the next
-    poller.poll(["a", "b"])
+    # One request per node per poll in steady state: a answered and is asked again.
+    assert set(poller.outstanding) == {"a", "b"}
     assert agents.asked("a") == 2
     assert agents.asked("b") == 1
 
@@ -131,19 +133,19 @@ def test_several_answers_in_one_poll(poller, agents, fake_ray):
     rc = answer(fake_ray, agents.last("c"))
     reports = poller.poll(["a", "b", "c"])
     assert sorted(reports, key=lambda r: r["node"]) == [ra, rc]
-    assert set(poller.outstanding) == {"b"}
+    assert (agents.asked("a"), agents.asked("b"), agents.asked("c")) == (2, 1, 2)
 
 
 def test_a_node_is_watched_once_it_answered(poller, monitor, agents, fake_ray, clock):
-    t0 = clock()
     poller.poll(["a"])
     assert monitor.nodes == {}  # asked, never answered: not watched
     answer(fake_ray, agents.last("a"))
-    clock.advance(0.2)
+    t1 = clock.advance(0.2)
     poller.poll(["a"])
     assert "a" in monitor.nodes
-    assert monitor.nodes["a"].unanswered_since is None
-    assert monitor.lost_nodes(t0 + 100)[0] == []
+    # Answered, then asked again in the same poll: silence counts from that request.
+    assert monitor.nodes["a"].unanswered_since == t1
+    assert monitor.lost_nodes(t1 + TIMEOUT - 0.1)[0] == []
 
 
 def test_silence_counts_from_the_oldest_unanswered_request(
@@ -151,21 +153,31 @@ def test_silence_counts_from_the_oldest_unanswered_request(
 ):
     poller.poll(["a"])
     answer(fake_ray, agents.last("a"))
-    poller.poll(["a"])
     t1 = clock.advance(0.2)
-    poller.poll(["a"])  # asks again: the agent does not answer
+    poller.poll(["a"])  # takes the answer, asks again: the agent does not answer this one
     assert monitor.nodes["a"].unanswered_since == t1
     clock.advance(2.0)
     poller.poll(["a"])
     assert monitor.nodes["a"].unanswered_since == t1
+    assert agents.asked("a") == 2
     assert monitor.lost_nodes(t1 + TIMEOUT - 0.1)[0] == []
     lost, reason = monitor.lost_nodes(t1 + TIMEOUT)
     assert lost == ["a"]
     assert "agent silent" in reason
-    # The late answer arrives: the node answers again.
+    # The late answer arrives: the silence ends, a new request starts a new count.
     answer(fake_ray, agents.last("a"))
+    t2 = clock.advance(0.2)
     poller.poll(["a"])
-    assert monitor.nodes["a"].unanswered_since is None
+    assert monitor.nodes["a"].unanswered_since == t2
+
+
+def test_waiting_poll_asks_everyone_then_collects(poller, agents, fake_ray):
+    poller.poll(["a", "b"])
+    answer(fake_ray, agents.last("a"))
+    poller.poll(["a", "b"], wait_s=2.0)
+    # first the answer in hand, then the fresh requests waited on for up to 2 s
+    assert [w[2] for w in fake_ray.waits] == [0.0, 2.0]
+    assert set(fake_ray.waits[1][0]) == {agents.last("a"), agents.last("b")}
 
 
 def test_dead_agent_is_marked_dead(poller, monitor, agents, fake_ray):
@@ -180,61 +192,18 @@ def test_dead_agent_is_marked_dead(poller, monitor, agents, fake_ray):
     assert monitor.nodes["a"].agent_dead is True
     assert monitor.nodes["b"].agent_dead is False
     assert monitor.lost_nodes(0.0) == (["a"], "node a: its agent died")
+    poller.forget("a")  # what the supervisor does with a lost node
     assert "a" not in poller.outstanding
 
 
 def test_unavailable_agent_stays_silent_but_alive(poller, monitor, agents, fake_ray, clock):
     poller.poll(["a"])
     answer(fake_ray, agents.last("a"))
-    poller.poll(["a"])
     t1 = clock.advance(0.2)
-    poller.poll(["a"])
+    poller.poll(["a"])  # answered, asked again at t1
     fake_ray.results[agents.last("a")] = ActorUnavailableError("agent unreachable", None)
     clock.advance(0.2)
     assert poller.poll(["a"]) == []
     assert monitor.nodes["a"].agent_dead is False
     assert monitor.nodes["a"].unanswered_since == t1  # its silence keeps counting
-    assert "a" not in poller.outstanding
-    clock.advance(0.2)
-    poller.poll(["a"])  # asked again
-    assert agents.asked("a") == 3
-    assert monitor.nodes["a"].unanswered_since == t1
-    assert monitor.lost_nodes(t1 + TIMEOUT)[0] == ["a"]
-
-
-def test_discard_in_flight_asks_again_and_keeps_the_silence(
-    poller, monitor, agents, fake_ray, clock
-):
-    poller.poll(["a", "b"])
-    answer(fake_ray, agents.last("a"))
-    poller.poll(["a", "b"])
-    t1 = clock.advance(0.2)
-    poller.poll(["a", "b"])
-    stale = set(poller.outstanding.values())
-    poller.discard_in_flight()
-    assert poller.outstanding == {}
-    clock.advance(0.2)
-    poller.poll(["a", "b"])
-    assert agents.asked("a") == 3
-    assert agents.asked("b") == 2
-    assert not stale & set(poller.outstanding.values())
-    assert not stale & set(fake_ray.waits[-1][0])  # old requests are no longer waited on
-    assert monitor.nodes["a"].unanswered_since == t1
-
-
-def test_forget_drops_a_node(poller, agents, fake_ray):
-    poller.poll(["a", "b"])
-    forgotten = agents.last("a")
-    poller.forget("a")
-    poller.forget("never-asked")
-    assert set(poller.outstanding) == {"b"}
-    answer(fake_ray, forgotten)  # a late answer from the forgotten node is not taken
-    assert poller.poll(["b"]) == []
-    assert fake_ray.waits[-1][0] == [agents.last("b")]
-    assert agents.asked("a") == 1
-
-
-def test_nothing_to_ask_and_nothing_in_flight(poller, fake_ray, clock):
-    assert poller.poll([]) == []
-    assert fake_ray.waits == []
-    assert poller.last_poll == clock.now
+    assert agents.asked("a") == 3  # the failed request is replaced at once
