@@ -17,7 +17,7 @@ forgotten (``monitor.forget_node``, ``poller.forget``) and recovered; otherwise
 What is simulated: the node agents and their ranks. ``--hosts`` ``SimHost`` actors (async Ray
 actors) each answer ``report(node)`` for many simulated nodes of 8 ranks, in the shape of
 ``NodeAgent.report`` (node, at, beats, stored, gpus, ...), every beat in the shape of
-``Worker._beat`` plus the agent's ``received_at``, with ``recent`` holding the last 32
+``TrainWorker._beat`` plus the agent's ``received_at``, with ``recent`` holding the last 32
 (step, compute seconds, cycle seconds). Ranks step once per second (1 s steps, compute
 0.5 s x lognormal noise, sigma 0.1) and heartbeat once per step (at its end); beats are made
 lazily at report time from the simulated clock, so a host costs per report, not per rank.
@@ -52,8 +52,9 @@ The goal (the issue's): at every size, no growing lag and p99 detection under 2x
 configured timeout. Node loss: ``heartbeat_timeout_s`` (3 s), so p99 < 6 s. Stragglers have
 no timeout; the detector's configured horizon is ``window_steps * consecutive_windows`` steps
 (5 x 2 = 10 s at 1 s/step), so p99 < 20 s (this script's reading of the goal). Lag "grows"
-when the last third's p99 exceeds the first third's by more than one report interval, or
-when at the end the supervisor has not polled for more than two intervals (it is stuck).
+when the last third's p99 exceeds the first third's by more than one report interval, when
+the last third has no report at all, or when at the end the supervisor has not polled for more
+than two intervals (it is stuck).
 
 A run whose supervisor is still busy ``--grace`` seconds after its end is stopped; the actor
 is asked for its figures (another thread answers) and then killed.
@@ -65,6 +66,7 @@ import argparse
 import asyncio
 import cProfile
 import datetime
+import hashlib
 import io
 import itertools
 import json
@@ -103,6 +105,7 @@ COMPUTE_S = 0.5  # median compute time of a step
 COMPUTE_SIGMA = 0.1  # lognormal noise on compute times
 CYCLE_SIGMA = 0.02  # lognormal noise on step cycle times
 SLOW_FACTOR = 3.0  # an injected straggler's compute times
+STEP_PHASE_S = 0.5  # the simulated steps' phase against the supervisor's polls
 RECENT_STEPS = 32  # as orchestrator/context.py (importing it would import torch)
 AGENT_HOP_S = 0.001  # worker -> agent: received_at = sent_at + this
 PID_BASE = 100_000
@@ -219,16 +222,30 @@ def detection_summary(latencies: list[float | None], limit_s: float) -> dict[str
 
 
 def plan_injections(
-    seconds: float, count: int, step_s: float, timeout_s: float, span_steps: int
+    seconds: float,
+    count: int,
+    step_s: float,
+    timeout_s: float,
+    span_steps: int,
+    interval_s: float = 0.0,
 ) -> list[dict[str, Any]]:
     """When to inject, as offsets from the run's start: `count` stragglers 2 steps apart from
     step 2, then `count` node losses `timeout_s + 2` s apart, the first one late enough that
     every straggler has had its full limit (2 x `span_steps` steps) before a recovery restarts
-    straggler history; the last loss must be detectable (twice the timeout) before `seconds`."""
+    straggler history; the last loss must be detectable (twice the timeout) before `seconds`.
+    The losses fall at phases spread evenly over one poll interval `interval_s` (the poller
+    polls at whole intervals from the start): detection depends on where in it a node dies."""
     plan = [{"kind": "straggler", "at": (2 + 2 * i) * step_s, "index": i} for i in range(count)]
     losses_from = (2 + 2 * (count - 1) + 1 + 2 * span_steps) * step_s if count else 0.0
     gap = timeout_s + 2.0
-    plan += [{"kind": "node_loss", "at": losses_from + i * gap, "index": i} for i in range(count)]
+    plan += [
+        {
+            "kind": "node_loss",
+            "at": losses_from + i * gap + interval_s * (i + 0.5) / count,
+            "index": i,
+        }
+        for i in range(count)
+    ]
     if count and plan[-1]["at"] + 2 * timeout_s > seconds:
         need = math.ceil(plan[-1]["at"] + 2 * timeout_s)
         raise ValueError(f"{count} injections of each kind need a run of at least {need} s")
@@ -591,7 +608,9 @@ def run_size(ranks: int, policy: str, args: argparse.Namespace, log: Any = print
     spec = HealthSpec.model_validate(health)
     span = spec.straggler.window_steps * spec.straggler.consecutive_windows
     count = args.injections
-    plan = plan_injections(args.seconds, count, STEP_S, spec.heartbeat_timeout_s, span)
+    plan = plan_injections(
+        args.seconds, count, STEP_S, spec.heartbeat_timeout_s, span, spec.report_interval_s
+    )
     if policy == "none":
         plan = [p for p in plan if p["kind"] != "straggler"]
     loss_nodes, slow_ranks = pick_targets(n_nodes, count, RANKS_PER_NODE)
@@ -618,7 +637,11 @@ def run_size(ranks: int, policy: str, args: argparse.Namespace, log: Any = print
         ray.get([h.ready.remote() for h in hosts])
         sup = BenchSupervisor.remote(hosts, layout, health)
         t0 = time.time() + 1.0
-        ray.get([h.set_clock.remote(t0) for h in hosts] + [sup.start_generation.remote()])
+        # Steps end half a poll interval after the polls (the run's start + whole seconds):
+        # the mean phase, not the luckiest (a step seen by the poll right after its end).
+        ray.get(
+            [h.set_clock.remote(t0 + STEP_PHASE_S) for h in hosts] + [sup.start_generation.remote()]
+        )
         host_cpu0 = ray.get([h.stats.remote() for h in hosts])
         machine0 = _machine_cpu()
         while time.time() < t0:
@@ -1266,7 +1289,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.hosts < 1:
         p.error("--hosts must be >= 1")
     try:
-        plan_injections(args.seconds, args.injections, STEP_S, HEALTH["heartbeat_timeout_s"], 10)
+        plan_injections(
+            args.seconds,
+            args.injections,
+            STEP_S,
+            HEALTH["heartbeat_timeout_s"],
+            10,
+            HEALTH["report_interval_s"],
+        )
         for n in [*args.sizes, *args.diagnose_without_stragglers]:
             pick_targets(n // RANKS_PER_NODE, args.injections, RANKS_PER_NODE)
     except ValueError as e:
@@ -1274,20 +1304,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+# The code this benchmark runs (the supervisor's side); a change to any of these mid-run
+# means the sizes may have measured different code.
+MEASURED_CODE = (
+    "orchestrator/monitor.py",
+    "orchestrator/poller.py",
+    "orchestrator/spec.py",
+    "health/liveness.py",
+    "health/straggler.py",
+    "health/observations.py",
+)
+
+
 def code_version() -> dict[str, Any]:
-    """The commit under test and whether orchestrator/ or health/ differ from it."""
-
-    def git(*cmd: str) -> str:
+    """The commit checked out and a digest of each file of MEASURED_CODE as it is on disk."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        commit = ""
+    files = {}
+    for rel in MEASURED_CODE:
         try:
-            out = subprocess.run(
-                ["git", *cmd], cwd=REPO, capture_output=True, text=True, timeout=10
-            )
-            return out.stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
-
-    dirty = git("status", "--porcelain", "--", "orchestrator", "health")
-    return {"commit": git("rev-parse", "HEAD"), "uncommitted": dirty.splitlines()}
+            files[rel] = hashlib.sha256((REPO / rel).read_bytes()).hexdigest()[:16]
+        except OSError:
+            files[rel] = None
+    return {"commit": commit, "files": files}
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -1334,12 +1377,13 @@ def main(argv: list[str] | None = None) -> int:
         costs.append(ray_call_costs(n, args.hosts))
     notes = findings(runs, profiles, costs, args.straggler_policy)
     code_after = code_version()
-    if code_after != code_before:
+    changed = [f for f in MEASURED_CODE if code_before["files"][f] != code_after["files"][f]]
+    if changed:
         notes.insert(
             0,
-            "WARNING: orchestrator/ or health/ changed during the run "
-            f"({code_before['commit'][:10]} -> {code_after['commit'][:10]}); the sizes may "
-            "have measured different code.",
+            f"WARNING: {', '.join(changed)} changed during the run (commit "
+            f"{code_before['commit'][:10]} -> {code_after['commit'][:10]}); the sizes may have "
+            "measured different code.",
         )
     text = render(runs, profiles, costs, notes)
     print()
@@ -1357,6 +1401,7 @@ def main(argv: list[str] | None = None) -> int:
             "compute_s": COMPUTE_S,
             "compute_sigma": COMPUTE_SIGMA,
             "slow_factor": SLOW_FACTOR,
+            "step_phase_s": STEP_PHASE_S,
             "recent_steps": RECENT_STEPS,
             "health": HEALTH,
         },
