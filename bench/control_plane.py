@@ -1212,10 +1212,9 @@ def findings(
     if cadence:
         out.append(
             f"ReportPoller asked each node {min(cadence):.2f}-{max(cadence):.2f} times per poll "
-            "(1.0 would be every poll): an answer not in by the end of the poll that asked for "
-            "it is taken at the next poll, which asks before it collects, so that node is asked "
-            "again only at the poll after (answers in before the poll's own ray.wait, from "
-            "nodes asked early in a long ask loop, are re-asked every poll)."
+            "(1.0 would be every poll): it takes the answers in hand, then asks every node "
+            "without a request in flight; a node whose answer is not in yet is asked again "
+            "only after it answers."
         )
     for c in costs:
         per_node = c["ask_us_per_call"] + c["get_us_per_report_per_ref"]
