@@ -49,6 +49,7 @@ class HealthMonitor:
         self._evaluated_through: int | None = None  # newest step the straggler verdict saw
         self._verdict: tuple[StragglerReport, str] = (StragglerReport(), "no steps yet")
         self.flagged_since: dict[int, int] = {}  # rank -> first step its flag rests on
+        self._calm: dict[int, int] = {}  # flagged rank -> evaluated steps since its last flag
 
     # --- nodes ------------------------------------------------------------------------------
 
@@ -88,6 +89,7 @@ class HealthMonitor:
         self._evaluated_through: int | None = None
         self._verdict: tuple[StragglerReport, str] = (StragglerReport(), "no steps yet")
         self.flagged_since: dict[int, int] = {}  # rank -> first step its flag rests on
+        self._calm: dict[int, int] = {}  # flagged rank -> evaluated steps since its last flag
 
     def beat(self, rank: int, beat: dict[str, Any]) -> None:
         r = self.ranks.get(rank)
@@ -145,8 +147,13 @@ class HealthMonitor:
             report, reason = straggler_scores(upto, self.straggler_cfg)
             for rank in report.flagged:
                 self.flagged_since.setdefault(rank, t)
+                self._calm.pop(rank, None)
+            # A flag clears only after a full span of steps without it: a straggler whose
+            # score hovers at the threshold is one alert, not a flapping one.
             for rank in [r for r in self.flagged_since if r not in report.flagged]:
-                del self.flagged_since[rank]
+                self._calm[rank] = self._calm.get(rank, 0) + 1
+                if self._calm[rank] >= span:
+                    del self.flagged_since[rank], self._calm[rank]
         self._evaluated_through = fresh[-1]
         if report.scores:
             self.last_scores = dict(report.scores)

@@ -890,7 +890,7 @@ class JobSupervisor:
 
     def _on_stragglers(self, now: float) -> None:
         report, reason = self.monitor.stragglers()
-        flagged = set(report.flagged)
+        flagged = set(self.monitor.flagged_since)  # flags clear only after a calm span
         for rank in sorted(self._straggling - flagged):
             self.events.emit("straggler_cleared", rank=rank, score=report.scores.get(rank))
         new = sorted(flagged - self._straggling)
