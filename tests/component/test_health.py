@@ -294,7 +294,7 @@ def test_elastic_shrink_when_no_capacity_and_grow_back(multinode, tmp_path, hbas
     spec = small_spec(
         workers={"min": 3, "max": 4},
         resources={"cpu": WORKER_NODE_CPUS},
-        steps=1000,
+        steps=500,
         failure__replacement_timeout_s=4,
         chaos__faults=[{"kind": "kill_node", "rank": 1, "at_step": 20}],
     )
@@ -309,8 +309,8 @@ def test_elastic_shrink_when_no_capacity_and_grow_back(multinode, tmp_path, hbas
     assert result["status"] == "succeeded", result["error"]
     assert [(r["from"], r["to"]) for r in result["resizes"]] == [(4, 3), (3, 4)]
     assert result["workers"] == 4
-    clean = hbaseline(small_spec(workers=4, resources={"cpu": WORKER_NODE_CPUS}, steps=1000))
-    assert result["steps_completed"] == 1000
+    clean = hbaseline(small_spec(workers=4, resources={"cpu": WORKER_NODE_CPUS}, steps=500))
+    assert result["steps_completed"] == 500
     assert abs(result["final_loss"] - clean["final_loss"]) < 0.15 * clean["final_loss"], (
         result["final_loss"],
         clean["final_loss"],
