@@ -128,6 +128,18 @@ RSS_BYTES = 3_200_000_000
 # --- pure helpers (tests/unit/test_control_plane_bench.py) --------------------------------------
 
 
+def _start_ray(tmp: str) -> None:
+    """A private local Ray (its own temp dir) whose workers import this repository."""
+    ray.init(
+        address="local",
+        num_cpus=os.cpu_count(),
+        include_dashboard=False,
+        _temp_dir=tmp,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
+    )
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """The q-th percentile (0..100), linear between the closest ranks (numpy's default)."""
     xs = sorted(values)
@@ -622,14 +634,7 @@ def run_size(ranks: int, policy: str, args: argparse.Namespace, log: Any = print
         per_host[h][node] = list(range(i * RANKS_PER_NODE, (i + 1) * RANKS_PER_NODE))
 
     tmp = tempfile.mkdtemp(prefix="cpb-", dir="/tmp")  # short: Ray's socket paths
-    ray.init(
-        address="local",
-        num_cpus=os.cpu_count(),
-        include_dashboard=False,
-        _temp_dir=tmp,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-    )
+    _start_ray(tmp)
     rec: dict[str, Any] = {"ranks": ranks, "nodes": n_nodes, "hosts": hosts_n, "policy": policy}
     rec["loadavg_before"] = os.getloadavg()
     try:
@@ -895,14 +900,7 @@ def ray_call_costs(n_nodes: int, n_hosts: int) -> dict[str, Any]:
     then ray.wait over them and ray.get of each (as ReportPoller.poll does) or of all at once.
     Also the hosts' answer rate (reports/s), to show what the simulators can serve."""
     tmp = tempfile.mkdtemp(prefix="cpr-", dir="/tmp")
-    ray.init(
-        address="local",
-        num_cpus=os.cpu_count(),
-        include_dashboard=False,
-        _temp_dir=tmp,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-    )
+    _start_ray(tmp)
     try:
         n_hosts = min(n_hosts, n_nodes)
         per_host: list[dict[str, list[int]]] = [{} for _ in range(n_hosts)]

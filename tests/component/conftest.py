@@ -54,9 +54,14 @@ def small_spec(**changes: Any) -> dict[str, Any]:
     return spec
 
 
-def stalwart_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run the `stalwart` CLI as a user would, in the repository, with no RAY_ADDRESS."""
+def stalwart_cli(
+    *args: str, timeout: float = 240, address: str | None = None
+) -> subprocess.CompletedProcess:
+    """Run the `stalwart` CLI as a user would, in the repository, with RAY_ADDRESS set to
+    `address` (unset by default)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    if address is not None:
+        env["RAY_ADDRESS"] = address
     return subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", *args],
         cwd=REPO,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.component.conftest import SMALL, make_baseline, make_runner, small_spec
+from tests.component.conftest import SMALL, make_baseline, make_runner, small_spec, stalwart_cli
 
 SMALL_MODEL = SMALL["config"]["model"]
 
@@ -337,11 +337,6 @@ def _start(multinode, spec, out):
 
 
 def test_uncordon_from_the_cli_while_the_job_runs(multinode, tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    from tests.component.conftest import REPO
 
     multinode.ensure_worker_nodes(3)
     spec = small_spec(
@@ -352,18 +347,9 @@ def test_uncordon_from_the_cli_while_the_job_runs(multinode, tmp_path):
     out = tmp_path / "job"
     thread, box = _start(multinode, spec, out)
     cordoned = _wait_for_event(out, "cordoned", timeout_s=120)
-    env = {**os.environ, "RAY_ADDRESS": multinode.address}
 
     def cli(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "orchestrator.cli", *args],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            stdin=subprocess.DEVNULL,
-        )
+        return stalwart_cli(*args, timeout=120, address=multinode.address)
 
     wrong = cli("uncordon", "ffffffff", "--job", "uncordon-me")
     assert wrong.returncode == 2 and "is not cordoned" in wrong.stderr, wrong.stderr
