@@ -20,12 +20,10 @@ from typing import Any
 import ray
 import torch.distributed as dist
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
-from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import (
     NodeAffinitySchedulingStrategy,
     NodeLabelSchedulingStrategy,
     NotIn,
-    PlacementGroupSchedulingStrategy,
 )
 
 from ckpt.commit import CommitTracker
@@ -42,6 +40,7 @@ from orchestrator.monitor import HealthMonitor
 from orchestrator.poller import ReportPoller
 from orchestrator.preflight import pair_rounds
 from orchestrator.resources import SchedulingError, check_capacity, worker_bundle
+from orchestrator.slots import Slots, SlotsUnavailable
 from orchestrator.spec import JobSpec
 from orchestrator.state import JobState, StateMachine, Transition
 from orchestrator.worker import TrainWorker
@@ -73,15 +72,15 @@ class JobSupervisor:
         n = self.world = self.spec.max_workers  # the current world size (elastic jobs vary)
         self.workers: dict[int, Any] = {}
         self.worker_info: dict[int, dict[str, Any]] = {}
-        self.bundle_node: dict[int, str] = {}  # placement-group bundle -> node
-        # rank -> bundle; None: placed outside the group (its bundle's node was bad)
+        # rank -> its slot (orchestrator/slots.py); None: placed outside any slot (its slot's
+        # node was bad)
         self.bundle_of: dict[int, int | None] = {}
-        # Started and ready: (actor, bundle or None, node). Starting: ready() ref -> (actor,
-        # bundle or None).
+        # Started and ready: (actor, slot or None, node). Starting: ready() ref -> (actor,
+        # slot or None).
         self.spares: list[tuple[Any, int | None, str]] = []
         self.spares_starting: dict[Any, tuple[Any, int | None]] = {}
         self.agents: dict[str, Any] = {}
-        self.pg = None
+        self.slots = Slots(f"stalwart-{self.spec.name}")
         self.generation = 0
         self.futures: dict[Any, int] = {}
         self.finished: dict[int, dict[str, Any]] = {}
@@ -111,9 +110,8 @@ class JobSupervisor:
         self.preflight_passed: dict[str, float] = {}  # node -> its matmul seconds
         self.resizes: list[dict[str, Any]] = []  # elastic shrinks and grows
         self.restore_rank: dict[int, int] = {}  # rank -> whose shard it restores (a grow)
-        # ready() ref -> (worker waiting for capacity, its bundle or None)
+        # ready() ref -> (worker waiting for capacity, its slot or None)
         self.growing: dict[Any, tuple[Any, int | None]] = {}
-        self.shunned_bundles: set[int] = set()  # bundles Ray placed on cordoned nodes
         self._last_grow_check = 0.0
         self._straggling: set[int] = set()
         self.poller = ReportPoller(lambda node: self.agents[node].report.remote(), self.monitor)
@@ -219,21 +217,14 @@ class JobSupervisor:
         check_capacity(spec, ray.nodes())
         bundle = worker_bundle(spec)
         n_bundles = self.world + spec.failure.spares
-        self.pg = placement_group(
-            [dict(bundle) for _ in range(n_bundles)],
-            strategy=spec.placement,
-            name=f"stalwart-{spec.name}",
-        )
         try:
-            ray.get(self.pg.ready(), timeout=spec.failure.scheduling_timeout_s)
-        except GetTimeoutError:
+            self.slots.reserve(n_bundles, bundle, spec.placement, spec.failure.scheduling_timeout_s)
+        except SlotsUnavailable as e:
             raise SchedulingError(
-                f"Ray could not place {self.world} workers and {spec.failure.spares} spares "
-                f"of {bundle} ({spec.placement}) "
+                f"{e}: {self.world} workers and {spec.failure.spares} spares "
                 f"within failure.scheduling_timeout_s={spec.failure.scheduling_timeout_s}"
             ) from None
-        self._refresh_bundles()
-        for node in sorted(set(self.bundle_node.values())):
+        for node in sorted(self.slots.nodes()):
             self._ensure_agent(node)
         for rank in range(self.world):
             self.bundle_of[rank] = rank
@@ -451,21 +442,20 @@ class JobSupervisor:
             )
         return moved
 
-    def _refresh_bundles(self) -> None:
-        table = ray.util.placement_group_table(self.pg)
-        self.bundle_node = {int(i): n for i, n in table["bundles_to_node_id"].items()}
-
     def _bad_nodes(self) -> set[str]:
         """Nodes that get no new ranks: lost or cordoned."""
         return self.lost_nodes | set(self.cordons.active(time.time()))
 
     def _usable_bundle(self, bundle_index: int | None) -> int | None:
-        """`bundle_index` if its node may take a rank, else None (place outside the group)."""
+        """`bundle_index` (a slot) if its node may take a rank, else None (place outside
+        any slot; a slot on a bad node is released)."""
         if bundle_index is None:
             return None
-        self._refresh_bundles()
-        node = self.bundle_node.get(bundle_index)
-        return bundle_index if node and node not in self._bad_nodes() else None
+        node = self.slots.node_of(bundle_index)
+        if node is not None and node not in self._bad_nodes():
+            return bundle_index
+        self.slots.release(bundle_index)
+        return None
 
     def _ensure_agent(self, node: str) -> Any:
         if node not in self.agents:
@@ -527,9 +517,7 @@ class JobSupervisor:
     def _create_worker(self, rank: int | None, bundle_index: int | None) -> Any:
         spec = self.spec
         if bundle_index is not None:
-            strategy: Any = PlacementGroupSchedulingStrategy(
-                self.pg, placement_group_bundle_index=bundle_index
-            )
+            strategy: Any = self.slots.strategy(bundle_index)
         elif bad := self._bad_nodes():
             strategy = NodeLabelSchedulingStrategy(hard={"ray.io/node-id": NotIn(*sorted(bad))})
         else:
@@ -802,6 +790,8 @@ class JobSupervisor:
     def _node_lost(self, node: str, reason: str, now: float) -> None:
         ranks = self.monitor.ranks_on(node)
         self.lost_nodes.add(node)
+        # Its slots go at once: Ray would keep trying to re-place them (see slots.py).
+        self.slots.release_on({node})
         self.monitor.forget_node(node)
         self.poller.forget(node)
         self.agents.pop(node, None)
@@ -1261,15 +1251,13 @@ class JobSupervisor:
         )
 
     def _free_bundles(self) -> list[int]:
-        """Bundles of the group no worker, spare or growing worker uses (their rank was
-        dropped by a shrink), except those Ray placed on a cordoned node."""
-        if self.pg is None:
-            return []
+        """Held slots on usable nodes that no worker, spare or growing worker uses (their
+        rank was dropped by a shrink)."""
         used = {b for b in self.bundle_of.values() if b is not None}
         used |= {b for _, b, _ in self.spares} | {b for _, b in self.spares_starting.values()}
         used |= {b for _, b in self.growing.values()}
-        total = self.spec.max_workers + self.spec.failure.spares
-        return [b for b in range(total) if b not in used and b not in self.shunned_bundles]
+        bad = self._bad_nodes()
+        return [s for s in self.slots.held() if s not in used and self.slots.node_of(s) not in bad]
 
     def _grow(self, grown: list[tuple[Any, int | None]]) -> None:
         """Add ready idle workers as ranks world..world+k-1; each restores rank 0's shard
@@ -1327,11 +1315,9 @@ class JobSupervisor:
         if time.time() - self._last_grow_check < 1.0:
             return
         self._last_grow_check = time.time()
-        # Free bundles of the group first: Ray moves a lost node's bundles to a node with
-        # room when one appears, reserving that room for them.
-        # Also one outside the group per missing rank: Ray only moves a lost node's bundle
-        # once it has declared the node dead, which can take a while; whichever starts
-        # first is used, the rest are stopped once the world is whole.
+        # Free slots first (held room on a healthy node), and one worker outside any slot
+        # per missing rank, which Ray places when a node has room; whichever starts first
+        # is used, the rest are stopped once the world is whole.
         free = self._free_bundles()
         missing = self.spec.max_workers - self.world
         outside = sum(1 for _, b in self.growing.values() if b is None)
@@ -1352,7 +1338,7 @@ class JobSupervisor:
             if info["node_id"] in self._bad_nodes():
                 ray.kill(actor, no_restart=True)
                 if bundle is not None:
-                    self.shunned_bundles.add(bundle)  # Ray put it on a cordoned node
+                    self.slots.release(bundle)  # its node was cordoned meanwhile
                 continue
             usable.append((actor, bundle))
             nodes.add(info["node_id"])
@@ -1480,8 +1466,7 @@ class JobSupervisor:
         ray.wait(closing, num_returns=len(closing), timeout=10)
         for agent in self.agents.values():
             ray.kill(agent, no_restart=True)
-        if self.pg is not None:
-            remove_placement_group(self.pg)
+        self.slots.close()
         self._store = None
 
     # --- result -------------------------------------------------------------------------------
