@@ -53,3 +53,24 @@ class CommitTracker:
         self._committed = [s for s in self._committed if s <= step]
         for steps in self._stored.values():
             steps.difference_update({s for s in steps if s > step})
+
+
+def with_copies(
+    own: Mapping[int, Iterable[int]],
+    holdings: Iterable[Mapping[int, Iterable[int]]],
+    copies: int,
+) -> dict[int, set[int]]:
+    """rank -> those of its steps (from `own`, what each rank's own node stores) of which at
+    least `copies` of `holdings` (one per live node: its own store, and separately the
+    copies it keeps for peers) hold the shard. These are the steps that count for the
+    commit when shards are replicated."""
+    own = {int(r): set(steps) for r, steps in own.items()}
+    if copies <= 1:
+        return own
+    count: dict[tuple[int, int], int] = {}
+    for held in holdings:
+        for rank, steps in held.items():
+            for step in steps:
+                key = (int(rank), step)
+                count[key] = count.get(key, 0) + 1
+    return {r: {s for s in steps if count.get((r, s), 0) >= copies} for r, steps in own.items()}

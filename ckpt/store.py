@@ -29,6 +29,18 @@ class ShardInfo:
     nbytes: int
 
 
+def _trimmed(keys, keep: set[int], newest: int, below: int | None) -> set[tuple[int, int]]:
+    """The (rank, step) keys `trim` drops: steps below `below`, and steps neither in `keep`
+    nor among their rank's `newest` newest."""
+    doomed = set()
+    for rank, steps in _steps_by_rank(keys).items():
+        recent = set(steps[-newest:]) if newest > 0 else set()
+        for step in steps:
+            if (below is not None and step < below) or (step not in keep and step not in recent):
+                doomed.add((rank, step))
+    return doomed
+
+
 def _steps_by_rank(keys) -> dict[int, list[int]]:
     """{(rank, step), ...} -> {rank: [steps, ascending]}."""
     out: dict[int, list[int]] = defaultdict(list)
@@ -50,6 +62,8 @@ class ShardStore(Protocol):
     def drop_below(self, step: int) -> int: ...
 
     def drop_above(self, step: int) -> int: ...
+
+    def trim(self, keep: set[int], newest: int, below: int | None = None) -> int: ...
 
     def rekey(self, ranks: dict[int, int]) -> int: ...
 
@@ -90,8 +104,9 @@ class MemoryShardStore:
             return _steps_by_rank(self._shards)
 
     def _drop(self, keep) -> int:
+        """Drop every shard whose (rank, step) key `keep` rejects."""
         with self._lock:
-            gone = [k for k in self._shards if not keep(k[1])]
+            gone = [k for k in self._shards if not keep(k)]
             for k in gone:
                 snap = self._shards.pop(k)
                 self._free[snap.nbytes].append(snap.payload)
@@ -102,10 +117,18 @@ class MemoryShardStore:
         return len(gone)
 
     def drop_below(self, step: int) -> int:
-        return self._drop(lambda s: s >= step)
+        return self._drop(lambda k: k[1] >= step)
 
     def drop_above(self, step: int) -> int:
-        return self._drop(lambda s: s <= step)
+        return self._drop(lambda k: k[1] <= step)
+
+    def trim(self, keep: set[int], newest: int, below: int | None = None) -> int:
+        """Keep only the steps in `keep` and each rank's `newest` newest ones, none below
+        `below` (the supervisor's retained commits and replication target; the newest are
+        what the next commit will be made of)."""
+        with self._lock:
+            doomed = _trimmed(self._shards, keep, newest, below)
+        return self._drop(lambda k: k not in doomed)
 
     def nbytes(self) -> int:
         with self._lock:
@@ -219,9 +242,10 @@ class ShmShardStore:
             return _steps_by_rank(self._shards)
 
     def _drop(self, keep) -> int:
+        """Drop every shard whose (rank, step) key `keep` rejects."""
         unlink = []
         with self._lock:
-            gone = [k for k in self._shards if not keep(k[1])]
+            gone = [k for k in self._shards if not keep(k)]
             for k in gone:
                 _, slot = self._shards.pop(k)
                 self._free[k[0]].append(slot)
@@ -235,10 +259,16 @@ class ShmShardStore:
         return len(gone)
 
     def drop_below(self, step: int) -> int:
-        return self._drop(lambda s: s >= step)
+        return self._drop(lambda k: k[1] >= step)
 
     def drop_above(self, step: int) -> int:
-        return self._drop(lambda s: s <= step)
+        return self._drop(lambda k: k[1] <= step)
+
+    def trim(self, keep: set[int], newest: int, below: int | None = None) -> int:
+        """See MemoryShardStore.trim."""
+        with self._lock:
+            doomed = _trimmed(self._shards, keep, newest, below)
+        return self._drop(lambda k: k not in doomed)
 
     def release(self, rank: int, path: str | None = None) -> None:
         """Unfinished reservations of `rank` (all of them, or `path`) are free again: its

@@ -15,10 +15,13 @@ import threading
 import time
 from typing import Any
 
+from ckpt.durable import DurableStore
 from ckpt.snapshot import Snapshot
 from ckpt.store import MemoryShardStore, ShardInfo, ShmShardStore
 from health.gpu_probe import FakeGpuProbe, GpuProbe, make_probe
 from health.xid import GpuReading
+from orchestrator.persist import open_store
+from orchestrator.replication import Replicator
 
 SHM_ROOT = "/dev/shm/stalwart"
 
@@ -42,6 +45,14 @@ class NodeAgent:
         else:
             self.store = MemoryShardStore()
             self.transport = "ray"
+        # Copies of the shards of this node's replica-group peers (ckpt/replicas.py), and
+        # the thread that sends this node's shards to them.
+        self.replicas = MemoryShardStore()
+        self.replicator = Replicator(self.store)
+        self._refuse_upto = -1  # chaos drop_replicas: shards of steps <= this are lost
+        self._prune_lock = threading.Lock()
+        self._prune_seq = -1
+        self._durable: dict[tuple[str, str], DurableStore] = {}
         self._lock = threading.Lock()
         self._beats: dict[int, dict[str, Any]] = {}
         self._layouts: dict[int, tuple] = {}  # rank -> tensor layout of its last shard
@@ -88,15 +99,81 @@ class NodeAgent:
         if metas is None:
             metas = self._layouts[rank]
         self._layouts[rank] = metas
-        info = self.store.commit(rank, step, skeleton, metas, path)
+        if step <= self._refuse_upto:  # lost with the node's memory (chaos drop_replicas)
+            self.store.release(rank, path)
+            info = ShardInfo(rank, step, 0)
+        else:
+            info = self.store.commit(rank, step, skeleton, metas, path)
+            self.replicator.offer(rank, step)
         following = self.store.reserve(rank, reserve_next) if reserve_next is not None else None
         return info, following
 
     def put_shard(self, rank: int, snapshot: Snapshot) -> ShardInfo:
-        return self.store.put(rank, snapshot)
+        if snapshot.step <= self._refuse_upto:  # lost with the node's memory (chaos)
+            return ShardInfo(rank, snapshot.step, 0)
+        info = self.store.put(rank, snapshot)
+        self.replicator.offer(rank, snapshot.step)
+        return info
 
     def get_shard(self, rank: int, step: int) -> Snapshot | None:
-        return self.store.get(rank, step)
+        """`rank`'s shard of `step` from this node's memory: its own store, else a copy."""
+        own = self.store.get(rank, step)
+        return own if own is not None else self.replicas.get(rank, step)
+
+    # --- peer replicas ----------------------------------------------------------------------
+
+    def set_peers(self, peers: dict[str, Any]) -> None:
+        """node -> agent: the peers that keep copies of this node's shards."""
+        self.replicator.set_peers(peers)
+
+    def replicate(self, step: int) -> None:
+        """Send this node's shards of `step` to the peers next (in the background)."""
+        self.replicator.replicate(step)
+
+    def put_replica(self, rank: int, snapshot: Snapshot) -> ShardInfo:
+        """A peer's copy of `rank`'s shard."""
+        if snapshot.step <= self._refuse_upto:  # lost with the node's memory (chaos)
+            return ShardInfo(rank, snapshot.step, 0)
+        return self.replicas.put(rank, snapshot)
+
+    def wipe(self, up_to: int) -> int:
+        """Chaos drop_replicas: lose every shard this node holds, its own and its copies,
+        and those of steps <= `up_to` still on their way here. Returns how many it lost."""
+        self._refuse_upto = max(self._refuse_upto, up_to)
+        n = sum(len(v) for v in self.store.stored().values())
+        n += sum(len(v) for v in self.replicas.stored().values())
+        self.store.drop_below(1 << 62)
+        self.replicas.drop_below(1 << 62)
+        return n
+
+    # --- durable tier -----------------------------------------------------------------------
+
+    def _durable_store(self, target: dict[str, Any]) -> DurableStore:
+        key = (target["uri"], target["job"])
+        if key not in self._durable:
+            self._durable[key] = open_store(target)
+        return self._durable[key]
+
+    def persist(self, target: dict[str, Any], step: int, ranks: list[int]) -> list[dict]:
+        """Write `ranks`' shards of `step` from this node's memory to the durable target
+        (blocking this call's thread only; retries with backoff inside). Returns the shard
+        records for the manifest; raises DurableError when the target keeps failing."""
+        store = self._durable_store(target)
+        records = []
+        for rank in ranks:
+            snap = self.get_shard(rank, step)
+            if snap is None:
+                raise RuntimeError(
+                    f"node {self.node_id[:12]} no longer holds rank {rank}'s shard of step "
+                    f"{step} (it holds steps {self.store.stored().get(rank, [])} of its own "
+                    f"and {self.replicas.stored().get(rank, [])} as copies)"
+                )
+            records.append(dataclasses.asdict(store.write_shard(step, rank, snap)))
+        return records
+
+    def storage_outage(self, target: dict[str, Any], seconds: float) -> None:
+        """Chaos storage_unavailable: this node's writes to `target` fail for `seconds`."""
+        self._durable_store(target).fail_for(seconds)
 
     def heartbeat(self, rank: int, beat: dict[str, Any]) -> None:
         beat["received_at"] = time.time()
@@ -112,24 +189,53 @@ class NodeAgent:
     def close(self) -> None:
         """Free the node's shards (their shared-memory files) before the agent goes away."""
         self._stop.set()
+        self.replicator.close()
         if self.probe is not None:
             self.probe.close()
         self.store.close()
+        self.replicas.close()
 
     def rekey(self, ranks: dict[int, int]) -> int:
         """The job's ranks were renumbered (elastic shrink): old rank -> new rank."""
         with self._lock:
             self._beats.clear()
             self._layouts = {ranks[r]: m for r, m in self._layouts.items() if r in ranks}
-        return self.store.rekey({int(k): v for k, v in ranks.items()})
+        ranks = {int(k): v for k, v in ranks.items()}
+        self.replicas.rekey(ranks)
+        return self.store.rekey(ranks)
 
-    def prune(self, below: int | None = None, above: int | None = None) -> int:
-        dropped = 0
-        if below is not None:
-            dropped += self.store.drop_below(below)
-        if above is not None:
-            dropped += self.store.drop_above(above)
-        return dropped
+    def prune(
+        self,
+        below: int | None = None,
+        above: int | None = None,
+        keep: list[int] | None = None,
+        newest: int = 3,
+        fresh_above: int | None = None,
+        seq: int | None = None,
+    ) -> int:
+        """Drop steps from this node's memory: above `above` (a rollback), below `below`;
+        with `keep`, everything but those steps, the steps being replicated, each rank's
+        `newest` newest (own store) and the copies newer than `fresh_above` (the newest
+        commit: copies on their way to the next one). Calls to an agent run on several
+        threads and may overtake each other: one numbered `seq` older than the last one
+        applied is stale and ignored."""
+        with self._prune_lock:
+            if seq is not None:
+                if seq <= self._prune_seq:
+                    return 0
+                self._prune_seq = seq
+            dropped = 0
+            for store in (self.store, self.replicas):
+                if above is not None:
+                    dropped += store.drop_above(above)
+                if keep is not None:
+                    kept = set(keep) | self.replicator.pinned()
+                    if store is self.replicas and fresh_above is not None:
+                        kept |= {s for v in store.stored().values() for s in v if s > fresh_above}
+                    dropped += store.trim(kept, newest if store is self.store else 0, below)
+                elif below is not None:
+                    dropped += store.drop_below(below)
+            return dropped
 
     # --- GPU health -----------------------------------------------------------------------
 
@@ -190,6 +296,8 @@ class NodeAgent:
                 "at": time.time(),
                 "beats": dict(self._beats),
                 "stored": self.store.stored(),
+                "replicas": self.replicas.stored(),
+                "replication": self.replicator.status(),
                 "gpus": self._gpu_report(),
                 "gpu_probe": self.probe.kind if self.probe else None,
                 "gpu_probe_error": self.gpu_probe_error,

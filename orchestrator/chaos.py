@@ -74,6 +74,8 @@ def carry_out(
     *,
     slow_down: Callable[[float], None],
     inject_gpu_fault: Callable[[int], None],
+    drop_replicas: Callable[[], None] | None = None,
+    storage_outage: Callable[[float], None] | None = None,
 ) -> None:
     kind = fault["kind"]
     if kind == "kill_worker":
@@ -86,5 +88,9 @@ def carry_out(
         slow_down(fault["factor"])
     elif kind == "gpu_xid":
         inject_gpu_fault(fault["xid"])
+    elif kind == "drop_replicas" and drop_replicas is not None:
+        drop_replicas()
+    elif kind == "storage_unavailable" and storage_outage is not None:
+        storage_outage(fault["seconds"])
     else:
         raise ValueError(f"unknown chaos fault kind {kind!r}")

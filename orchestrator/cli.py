@@ -73,6 +73,12 @@ def schema() -> None:
     click.echo(json.dumps(json_schema(), indent=2))
 
 
+def _resume_value(value: str) -> str:
+    if value in ("auto", "never") or (value.isdigit() and int(value) >= 0):
+        return value
+    raise click.BadParameter(f"expected auto, never or a step number, got {value!r}")
+
+
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @_set_option
@@ -91,6 +97,14 @@ def schema() -> None:
 )
 @_format_option("json: print result.json to stdout")
 @click.option("--num-cpus", type=int, default=None, help="logical CPUs of the embedded Ray")
+@click.option(
+    "--resume",
+    default="auto",
+    show_default=True,
+    callback=lambda _ctx, _param, v: _resume_value(v),
+    help="with checkpoint.persist.uri: auto resumes from the newest valid durable "
+    "checkpoint of this job (same name), never starts over, STEP resumes from that step",
+)
 def run(
     file: str,
     overrides: tuple[str, ...],
@@ -98,9 +112,10 @@ def run(
     output: str | None,
     fmt: str,
     num_cpus: int | None,
+    resume: str,
 ) -> None:
     """Train the job in FILE, recovering from failures, and print a summary."""
-    from orchestrator.driver import ClusterUnreachable, RunOptions, run_job
+    from orchestrator.driver import ClusterUnreachable, JobAlreadyRunning, RunOptions, run_job
     from orchestrator.entrypoint import EntrypointError, load_entrypoint
     from orchestrator.progress import ProgressView, print_summary
 
@@ -118,7 +133,9 @@ def run(
             err.print(f"  {e}", markup=False, highlight=False, soft_wrap=True)
             sys.exit(EXIT_USAGE)
     out = Path(output) if output else Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    opts = RunOptions(address=address, output=out, base_dir=base_dir, num_cpus=num_cpus)
+    opts = RunOptions(
+        address=address, output=out, base_dir=base_dir, num_cpus=num_cpus, resume=resume
+    )
     console = Console(stderr=fmt == "json")
     try:
         if fmt == "json":
@@ -131,7 +148,7 @@ def run(
             )
             with ProgressView(console, spec.name) as view:
                 result = run_job(spec, opts, on_progress=view.update)
-    except ClusterUnreachable as e:
+    except (ClusterUnreachable, JobAlreadyRunning) as e:
         err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)
     if fmt == "json":

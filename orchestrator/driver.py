@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,13 @@ class ClusterUnreachable(RuntimeError):
     pass
 
 
+class JobAlreadyRunning(RuntimeError):
+    """Another job of the same name runs on the cluster."""
+
+
+NAME_WAIT_S = 60.0
+
+
 @dataclass(frozen=True)
 class RunOptions:
     address: str | None = None  # None: RAY_ADDRESS, else an embedded local Ray
@@ -28,6 +36,7 @@ class RunOptions:
     base_dir: str | None = None  # where relative 'file.py:fn' entrypoints are found
     num_cpus: int | None = None  # embedded Ray only
     connect_timeout_s: float = 10.0
+    resume: str = "auto"  # "auto", "never" or a step number (checkpoint.persist.uri)
 
 
 def _probe(address: str, timeout: float) -> None:
@@ -112,19 +121,21 @@ def run_job(
     events_path.write_text("")
     where = connect(opts.address, spec, opts.num_cpus, opts.connect_timeout_s)
     try:
+        name = f"stalwart-{spec.name}"
+        _wait_for_name(name)
         supervisor = (
             ray.remote(JobSupervisor)
             .options(
                 num_cpus=0,
                 max_concurrency=8,
-                name=f"stalwart-{spec.name}",
+                name=name,
                 get_if_exists=False,
                 max_restarts=0,
                 # On the head node, whose loss is the cluster's loss anyway: a lost worker
                 # node (or a chaos kill_node) never takes the supervisor with it.
                 scheduling_strategy=NodeAffinitySchedulingStrategy(_head_node(), soft=False),
             )
-            .remote(spec.model_dump(mode="json"), opts.base_dir)
+            .remote(spec.model_dump(mode="json"), opts.base_dir, opts.resume)
         )
         done = supervisor.run.remote()
         with events_path.open("a") as events_file:
@@ -141,6 +152,36 @@ def run_job(
         return result
     finally:
         ray.shutdown()
+
+
+def _wait_for_name(name: str, timeout_s: float = NAME_WAIT_S) -> None:
+    """A job's supervisor is named after the job. A supervisor of the same name whose
+    driver died (SIGKILL, a lost laptop) goes with it, which Ray notices within seconds:
+    wait for that. One that still answers is a running job: refuse, saying so."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            old = ray.get_actor(name, namespace="stalwart")
+        except ValueError:
+            return  # free
+        try:
+            ray.get(old.poll.remote(0), timeout=5)
+            alive = True
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            alive = False
+        if alive:
+            raise JobAlreadyRunning(
+                f"a job named {name.removeprefix('stalwart-')!r} is already running on this "
+                "cluster: wait for it, stop it, or give this one another name"
+            )
+        if time.monotonic() > deadline:
+            raise JobAlreadyRunning(
+                f"the previous {name!r} (its driver is gone) was not cleaned up by Ray "
+                f"within {timeout_s:g} s"
+            )
+        time.sleep(0.5)  # Ray is removing the dead one; bounded by the deadline
 
 
 def _head_node() -> str:

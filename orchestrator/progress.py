@@ -99,10 +99,25 @@ def _event_line(e: dict[str, Any]) -> Text | None:
         return Text(f"{ts} decision {e['action']}: {e['reason']}", style="yellow")
     if t == "recovered":
         phases = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in e["phases_s"].items())
+        tiers = e.get("restore_tiers") or {}
+        where = (
+            " from " + ", ".join(f"{n} rank(s) {tier}" for tier, n in sorted(tiers.items()))
+            if tiers
+            else ""
+        )
         return Text(
-            f"{ts} recovered generation {e['generation']} from step {e['restore_step']} ({phases})",
+            f"{ts} recovered generation {e['generation']} from step {e['restore_step']}"
+            f"{where} ({phases})",
             style="green",
         )
+    if t == "resume":
+        return Text(f"{ts} {e['reason']}", style="bold cyan")
+    if t == "persisted":
+        return Text(f"{ts} persisted {e['reason']}", style="cyan")
+    if t in ("persist_failed", "checkpoint_skipped", "durable_unavailable"):
+        return Text(f"{ts} {t.replace('_', ' ')}: {e['reason']}", style="yellow")
+    if t == "replica_plan":
+        return Text(f"{ts} checkpoint replicas: {e['reason']}", style="cyan")
     if t == "abort_timeout":
         return Text(f"{ts} rank {e['rank']} {e['reason']}", style="red")
     if t in ("node_lost", "hang", "gpu_fatal", "gpu_error", "gpu_note"):
@@ -120,7 +135,7 @@ def _event_line(e: dict[str, Any]) -> Text | None:
         return Text(f"{ts} preflight: {e['reason']}", style="yellow")
     if t == "resized":
         return Text(f"{ts} world {e['old']} -> {e['new']} ranks: {e['reason']}", style="yellow")
-    if t in ("fault_refused", "restart_from_scratch", "preflight_kept"):
+    if t in ("fault_refused", "restart_from_scratch", "preflight_kept", "replication_behind"):
         return Text(f"{ts} {t.replace('_', ' ')}: {e['reason']}", style="magenta")
     return None
 
@@ -167,6 +182,24 @@ def print_summary(console: Console, result: dict[str, Any]) -> None:
             f"{ck['snapshots']} snapshots of {ck['bytes_per_snapshot'] / 1e6:.2f}"
             f" MB, {ck['capture_ms_mean']:.2f} ms on the step",
         )
+    rep = result.get("replication")
+    if rep and rep.get("copies"):
+        t.add_row(
+            "replicas",
+            f"{rep['copies']} in memory on distinct nodes (asked {rep['replicas']}), "
+            f"{rep['sent_bytes'] / 1e6:.1f} MB sent to peers"
+            + (f", {rep['errors']} send errors" if rep.get("errors") else ""),
+        )
+    ps = result.get("persist")
+    if ps:
+        t.add_row(
+            "durable",
+            f"{len(ps['persisted'])} checkpoints to {ps['uri']}"
+            + (f", newest step {ps['last_step']}" if ps.get("last_step") is not None else "")
+            + (f", {ps['failures']} failed attempts" if ps.get("failures") else ""),
+        )
+    if result.get("resumed_from") is not None:
+        t.add_row("resumed from", f"durable step {result['resumed_from']}")
     parts: list[Any] = [t]
     if result["failures"]:
         f = Table(title="failures", show_lines=False)

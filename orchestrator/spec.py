@@ -52,8 +52,55 @@ class Resources(_Model):
     )
 
 
+class PersistSpec(_Model):
+    """The durable tier: committed steps written to storage in the background."""
+
+    uri: str | None = Field(
+        None,
+        description="where checkpoints go: a local path, file://, or an fsspec URL (s3://, "
+        "gs://, ... with the matching fsspec backend installed); null: no durable tier",
+    )
+    every_steps: int | None = Field(
+        None, ge=1, description="persist a committed step at least this many steps apart"
+    )
+    every_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="persist a committed step at least this often (default 300 s when "
+        "uri is set and every_steps is not)",
+    )
+    keep_last: int = Field(3, ge=1, description="complete checkpoints kept on storage")
+    retries: int = Field(3, ge=0, description="retries of a failed write, with backoff")
+    backoff_s: float = Field(0.5, ge=0, description="first retry's delay; doubles each time")
+
+    def model_post_init(self, _ctx: Any) -> None:
+        if self.uri is not None and not self.uri.strip():
+            raise ValueError("checkpoint.persist.uri: must not be empty (null: no durable tier)")
+        if self.uri and self.every_steps is None and self.every_seconds is None:
+            self.every_seconds = 300.0
+        if self.uri:
+            from fsspec.registry import get_filesystem_class
+            from fsspec.utils import get_protocol
+
+            protocol = get_protocol(self.uri)
+            try:
+                get_filesystem_class(protocol)
+            except (ValueError, ImportError) as e:
+                raise ValueError(
+                    f"checkpoint.persist.uri: no usable fsspec backend for {protocol}:// ({e})"
+                ) from None
+
+
 class CheckpointSpec(_Model):
     every_steps: int = Field(1, ge=1, description="snapshot registered state every N steps")
+    replicas: int = Field(
+        2,
+        ge=1,
+        description="copies of each shard kept in memory on distinct nodes (its own node's "
+        "and replicas-1 peers', in groups: losing any replicas-1 nodes loses no shard); a "
+        "step is committed once every shard has them",
+    )
+    persist: PersistSpec = Field(default_factory=PersistSpec)
 
 
 class FailureSpec(_Model):
@@ -212,7 +259,24 @@ class GpuXid(_FaultBase):
 
 
 # An open union discriminated by ``kind``.
-Fault = Annotated[KillWorker | KillNode | Hang | Slow | GpuXid, Field(discriminator="kind")]
+class DropReplicas(_FaultBase):
+    """Wipe the memory of the node hosting ``rank``: its own shards and the copies it keeps
+    for its peers, and refuse copies of steps up to ``at_step`` still on their way."""
+
+    kind: Literal["drop_replicas"]
+
+
+class StorageUnavailable(_FaultBase):
+    """The durable target fails every read and write for ``seconds`` from ``at_step`` on."""
+
+    kind: Literal["storage_unavailable"]
+    seconds: float = Field(gt=0, description="how long the persist target fails")
+
+
+Fault = Annotated[
+    KillWorker | KillNode | Hang | Slow | GpuXid | DropReplicas | StorageUnavailable,
+    Field(discriminator="kind"),
+]
 
 
 class ChaosSpec(_Model):

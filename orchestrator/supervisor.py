@@ -14,7 +14,7 @@ import statistics
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 import ray
@@ -26,7 +26,11 @@ from ray.util.scheduling_strategies import (
     NotIn,
 )
 
-from ckpt.commit import CommitTracker
+from ckpt.commit import CommitTracker, with_copies
+from ckpt.durable import CorruptCheckpoint, DurableError, Manifest
+from ckpt.replicas import effective as effective_copies
+from ckpt.replicas import groups as replica_groups
+from ckpt.replicas import peers as replica_peers
 from health.classify import classify_death
 from health.cordon import CordonList
 from health.liveness import Hang
@@ -37,6 +41,7 @@ from health.straggler import straggler_decision
 from orchestrator.agent import NodeAgent
 from orchestrator.events import EventLog
 from orchestrator.monitor import HealthMonitor
+from orchestrator.persist import Persister
 from orchestrator.poller import ReportPoller
 from orchestrator.preflight import pair_rounds
 from orchestrator.resources import SchedulingError, check_capacity, worker_bundle
@@ -48,6 +53,9 @@ from orchestrator.worker import TrainWorker
 log = logging.getLogger(__name__)
 
 RAY_NODES_CHECK_S = 1.0  # how often Ray's node table is read
+REPLICATION_ALIGN_S = 1.0  # no commit for this long: name the step every agent sends
+REPLICATION_STALL_S = 30.0  # no commit for this long: an event says so (again every 30 s)
+NEWEST_KEPT = 3  # each rank's newest steps a node's own store keeps beyond the commits
 THROUGHPUT_EVENT_S = 1.0  # how often a throughput event is written
 NODE_FAULTS = ("kill_node", "gpu_xid")  # faults that hit the node hosting the rank
 COLLECTIVE_TIMEOUT_S = 1800.0
@@ -60,8 +68,10 @@ ActorGone = (
 
 
 class JobSupervisor:
-    def __init__(self, spec: dict[str, Any], base_dir: str | None = None):
+    def __init__(self, spec: dict[str, Any], base_dir: str | None = None, resume: str = "auto"):
         self.spec = JobSpec.model_validate(spec)
+        self.resume = resume  # "auto", "never" or a step number (whole-job resume)
+        self.resumed_from: int | None = None
         self.spec_dict = self.spec.model_dump(mode="json")
         self.base_dir = base_dir
         self.events = EventLog()
@@ -85,7 +95,18 @@ class JobSupervisor:
         self.futures: dict[Any, int] = {}
         self.finished: dict[int, dict[str, Any]] = {}
         self.commit = CommitTracker(n)
-        self.stored: dict[str, dict[int, list[int]]] = {}
+        self.stored: dict[str, dict[int, list[int]]] = {}  # node -> its own store's steps
+        self.replicas_held: dict[str, dict[int, list[int]]] = {}  # node -> copies it holds
+        self.replication: dict[str, dict[str, Any]] = {}  # node -> its replicator's status
+        self.copies = 1  # copies of each shard the replica plan keeps (ckpt/replicas.py)
+        self._plan_nodes: tuple[str, ...] = ()
+        self._replicating: tuple[int, float] | None = None  # (step asked for, when)
+        self._commit_seen: tuple[int | None, float] = (None, time.time())  # (step, since)
+        self._stall_reported = 0.0
+        self._kept: tuple[int, ...] = ()  # the steps last sent to agents as `keep`
+        self._prune_seq = 0  # numbers the agents' prune calls (they may overtake)
+        self.restore_tiers: dict[str, int] = {}  # this generation's restores, per tier
+        self.restored_remotely: dict[int, str] = {}
         self.beats: dict[int, dict[str, Any]] = {}
         self.fault_records: list[dict[str, Any]] = []
         self.fired: set[int] = set()
@@ -119,6 +140,10 @@ class JobSupervisor:
         self._throughput_mark: tuple[float, int] | None = None
         self.home_node = ray.get_runtime_context().get_node_id()
         self.handle = None  # this actor's own handle, for workers to report faults to
+        persist = self.spec.checkpoint.persist
+        self.persister = (
+            Persister(persist, self.spec.name, self.events.emit) if persist.uri else None
+        )
 
     # --- public API (called by the driver) ---------------------------------------------------
 
@@ -127,7 +152,8 @@ class JobSupervisor:
         try:
             self._set(JobState.SCHEDULING, f"placing {self.world} workers")
             self._schedule()
-            self._start_generation(restore_step=None)
+            durable = self._resume_point()
+            self._start_generation(restore_step=durable.step if durable else None, durable=durable)
             self.running_since = time.time()
             self._set(JobState.RUNNING, f"generation {self.generation} started")
             while not self.sm.state.terminal:
@@ -581,7 +607,7 @@ class JobSupervisor:
 
     # --- generations --------------------------------------------------------------------------
 
-    def _start_generation(self, restore_step: int | None) -> None:
+    def _start_generation(self, restore_step: int | None, durable: Manifest | None = None) -> None:
         self.generation += 1
         gen = self.generation
         rendezvous = {
@@ -601,8 +627,22 @@ class JobSupervisor:
         self._throughput_mark = None
         self.futures = {}
         self.finished = {}
+        if durable is not None:
+            # Every rank reads its own shard from storage (sha256-checked against the
+            # manifest); memory holds no complete set.
+            target = self.persister.target
+            sources = {r: (target, r, "durable") for r in self.workers}
+        else:
+            holders = self._holders(restore_step) if restore_step is not None else {}
+            sources = {r: self._restore_source(r, restore_step, holders) for r in self.workers}
+        # Where this generation's ranks restore from: counts per tier, and the ranks that
+        # restore from another node's memory (a lost node's ranks).
+        self.restore_tiers = dict(Counter(t for _, _, t in sources.values() if t))
+        self.restored_remotely = {
+            r: t for r, (_, _, t) in sources.items() if t not in (None, "memory")
+        }
         for rank, worker in self.workers.items():
-            source, source_rank = self._restore_source(rank, restore_step)
+            source, source_rank, _ = sources[rank]
             ref = worker.run.remote(
                 gen,
                 rendezvous,
@@ -619,6 +659,8 @@ class JobSupervisor:
             "generation",
             generation=gen,
             restore_step=restore_step,
+            restore_tiers=self.restore_tiers,
+            restored_remotely=self.restored_remotely,
             world_size=self.world,
             rendezvous_port=rendezvous.get("port"),
         )
@@ -659,20 +701,130 @@ class JobSupervisor:
             faults.append(fault)
         return faults
 
-    def _restore_source(self, rank: int, step: int | None) -> tuple[Any, int]:
-        """The agent holding `rank`'s shard of `step` (its own node's first) and whose shard
-        it is: its own, or for a rank added by a grow, the peer it copies until it has one."""
+    def _holders(self, step: int) -> dict[int, list[str]]:
+        """rank -> the live nodes whose memory holds its shard of `step` (own or copy)."""
+        out: dict[int, list[str]] = defaultdict(list)
+        for held in (self.stored, self.replicas_held):
+            for node, by_rank in held.items():
+                if node not in self.agents:
+                    continue
+                for r, steps in by_rank.items():
+                    if step in steps:
+                        out[int(r)].append(node)
+        return out
+
+    def _restore_source(
+        self, rank: int, step: int | None, holders: dict[int, list[str]]
+    ) -> tuple[Any, int, str | None]:
+        """Where `rank` restores `step` from: (agent, whose shard, tier). The tier is
+        "memory" (the rank's own node holds it) or "peer" (another node's memory: its own
+        store or a copy it keeps). Whose shard: the rank's own, or for a rank added by a
+        grow, the peer it copies until it has one."""
         if step is None:
-            return None, rank
+            return None, rank, None
+        here = self.worker_info.get(rank, {}).get("node_id")
         for source in (rank, self.restore_rank.get(rank)):
             if source is None:
                 continue
-            own = self.worker_info.get(source, {}).get("node_id")
-            nodes = [own] + [n for n in self.stored if n != own and n in self.agents]
-            for node in nodes:
-                if step in self.stored.get(node, {}).get(source, ()):
-                    return self.agents[node], source
+            nodes = holders.get(source, [])
+            if nodes:
+                node = here if here in nodes else min(nodes)
+                return self.agents[node], source, "memory" if node == here else "peer"
         raise RuntimeError(f"no store holds rank {rank}'s shard of committed step {step}")
+
+    # --- durable tier ------------------------------------------------------------------------
+
+    def _durable_restore_point(self, at_most: int | None = None) -> Manifest | None:
+        """The newest durable checkpoint of this job and world size that verifies (every
+        shard's size and sha256); each newer one skipped is reported with its reason."""
+        if self.persister is None:
+            return None
+        store = self.persister.store
+        try:
+            manifest, skipped = store.newest_valid(self.world, at_most=at_most)
+        except DurableError as e:
+            self.events.emit("durable_unavailable", reason=f"{store.describe()}: {e}")
+            return None
+        for step, why in skipped:
+            self.events.emit("checkpoint_skipped", step=step, reason=why)
+        return manifest
+
+    def _resume_point(self) -> Manifest | None:
+        """Whole-job resume at start (`stalwart run --resume auto|never|STEP`)."""
+        if self.persister is None or self.resume == "never":
+            return None
+        store = self.persister.store
+        if self.resume == "auto":
+            manifest = self._durable_restore_point()
+            if manifest is None:
+                self.events.emit(
+                    "resume",
+                    step=None,
+                    reason=f"no complete checkpoint of {self.world} ranks under "
+                    f"{store.describe()}: starting from step 0",
+                )
+                return None
+        else:
+            step = int(self.resume)
+            try:
+                manifest = store.verify(step, self.world)
+            except (CorruptCheckpoint, DurableError) as e:
+                raise SchedulingError(f"--resume {step}: {e}") from None
+        self.resumed_from = manifest.step
+        self.persister.resumed_from(manifest.step)
+        self.events.emit(
+            "resume",
+            step=manifest.step,
+            reason=f"resuming from durable step {manifest.step} of {store.describe()} "
+            f"(written {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(manifest.created_at))})",
+        )
+        return manifest
+
+    def _maybe_persist(self) -> None:
+        p = self.persister
+        if p is None:
+            return
+        p.poll()
+        if self.sm.state is not JobState.RUNNING:
+            return
+        complete = self._complete_in_memory()
+        step = p.choose(complete, self.commit.committed, time.time())
+        if step is None:
+            return
+        holders = self._holders(step)
+        assignment: dict[str, tuple[Any, list[int]]] = {}
+        for rank in range(self.world):
+            nodes = [n for n in holders.get(self.restore_rank.get(rank, rank), ())]
+            if not nodes:
+                return  # not all in memory right now (a shrink or rekey): next time
+            here = self.worker_info.get(rank, {}).get("node_id")
+            node = here if here in nodes else min(nodes)
+            assignment.setdefault(node, (self.agents[node], []))[1].append(rank)
+        p.start(step, self.world, assignment)
+        self._trim()
+
+    def _complete_in_memory(self) -> set[int]:
+        """Steps of which every rank's shard is in some live node's memory."""
+        per_rank: dict[int, set[int]] = defaultdict(set)
+        for held in (self.stored, self.replicas_held):
+            for node, by_rank in held.items():
+                if node in self.lost_nodes:
+                    continue
+                for r, steps in by_rank.items():
+                    per_rank[int(r)].update(steps)
+        sets = [per_rank.get(self.restore_rank.get(r, r), set()) for r in range(self.world)]
+        return set.intersection(*sets) if sets else set()
+
+    def storage_outage(self, seconds: float) -> None:
+        """Chaos storage_unavailable (called by the worker carrying out the fault)."""
+        if self.persister is None:
+            self.events.emit(
+                "fault_refused",
+                kind="storage_unavailable",
+                reason="checkpoint.persist.uri is not set: there is no storage to fail",
+            )
+            return
+        self.persister.outage(seconds, list(self.agents.values()))
 
     # --- the control loop ---------------------------------------------------------------------
 
@@ -690,6 +842,7 @@ class JobSupervisor:
         ):
             self._poll_agents()
             self._detect()
+        self._maybe_persist()
         if self.pending:
             self._handle_failures()
         elif len(self.finished) == len(self.workers) and not self.futures:
@@ -745,6 +898,8 @@ class JobSupervisor:
         with self._lock:
             for rep in reports:
                 self.stored[rep["node"]] = rep["stored"]
+                self.replicas_held[rep["node"]] = rep.get("replicas", {})
+                self.replication[rep["node"]] = rep.get("replication", {})
                 for rank, steps in rep["stored"].items():
                     merged[int(rank)].update(steps)
                 for rank, beat in rep["beats"].items():
@@ -756,16 +911,142 @@ class JobSupervisor:
                 if rep["gpus"]:
                     self._judge_gpus(rep["node"], rep["gpus"])
             before = self.commit.committed
-            committed = self.commit.observe({r: merged.get(r, set()) for r in self.workers})
+            own = {r: merged.get(r, set()) for r in self.workers}
+            committed = self.commit.observe(self._replicated(own))
             for rank in [r for r in self.restore_rank if committed in merged.get(r, ())]:
                 del self.restore_rank[rank]  # a grown rank's own shard is committed now
+        self._replicate(own, committed)
         if committed != before and committed is not None:
             drop = self.commit.droppable_below()
-            if drop is not None and drop != self._dropped_below:
+            if drop is not None:
                 self._dropped_below = drop
-                for agent in self.agents.values():
-                    agent.prune.remote(below=drop)
+        self._trim()
         self._close_recovery()
+
+    # --- peer replicas ------------------------------------------------------------------------
+
+    def _sync_replica_plan(self) -> None:
+        """Tell every agent its replica-group peers when the set of live nodes changed."""
+        nodes = tuple(sorted(n for n in self.agents if n not in self.lost_nodes))
+        if nodes == self._plan_nodes:
+            return
+        self._plan_nodes = nodes
+        wanted = self.spec.checkpoint.replicas
+        plan = replica_peers(nodes, wanted)
+        self.copies = max(1, effective_copies(nodes, wanted))
+        for node, others in plan.items():
+            self.agents[node].set_peers.remote({n: self.agents[n] for n in others})
+        self._replicating = None  # a step asked of the old groups may never complete
+        self.events.emit(
+            "replica_plan",
+            groups=replica_groups(nodes, wanted),
+            copies=self.copies,
+            reason=(
+                f"{self.copies} cop{'y' if self.copies == 1 else 'ies'} of every shard on "
+                f"distinct nodes"
+                + (
+                    f" (checkpoint.replicas={wanted}, but the job has {len(nodes)} node(s))"
+                    if self.copies < wanted
+                    else ""
+                )
+            ),
+        )
+
+    def _replicated(self, own: dict[int, set[int]]) -> dict[int, set[int]]:
+        """rank -> the steps of which `self.copies` nodes hold its shard (own store or a
+        peer's copy): the steps that count for the commit."""
+        self._sync_replica_plan()
+        live = [
+            held
+            for per_node in (self.stored, self.replicas_held)
+            for node, held in per_node.items()
+            if node not in self.lost_nodes
+        ]
+        return with_copies(own, live, self.copies)
+
+    def _replicate(self, own: dict[int, set[int]], committed: int | None) -> None:
+        """Agents send each new shard to their peers by themselves. When that falls behind
+        and each rank's copies are of a different step, nothing commits: then name the
+        newest step every rank holds in its own node's memory, which every agent sends
+        next. Asked again while the commit stays behind, with an event when it is long."""
+        now = time.time()
+        if committed != self._commit_seen[0]:
+            self._commit_seen = (committed, now)
+            self._replicating = None
+            return
+        if self.copies <= 1 or not own:
+            return
+        complete = set.intersection(*own.values())
+        newest = max(complete, default=-1)
+        if newest <= (committed if committed is not None else -1):
+            return
+        stalled_s = now - self._commit_seen[1]
+        if stalled_s < REPLICATION_ALIGN_S:
+            return
+        if self._replicating is not None and now - self._replicating[1] < REPLICATION_ALIGN_S:
+            return
+        if stalled_s >= REPLICATION_STALL_S and now - self._stall_reported >= REPLICATION_STALL_S:
+            self._stall_reported = now
+            self.events.emit(
+                "replication_behind",
+                committed_step=committed,
+                newest_step=newest,
+                seconds=round(stalled_s, 1),
+                errors={
+                    n[:12]: st["last_error"]
+                    for n, st in self.replication.items()
+                    if st.get("last_error")
+                },
+                reason=f"no step reached {self.copies} nodes for {stalled_s:.0f} s "
+                f"(newest in every rank's own memory: {newest}, committed: {committed})",
+            )
+        self._replicating = (newest, now)
+        for node in self._plan_nodes:
+            self.agents[node].replicate.remote(newest)
+
+    def _replication_summary(self) -> dict[str, Any]:
+        statuses = list(self.replication.values())
+        return {
+            "replicas": self.spec.checkpoint.replicas,
+            "copies": self.copies,
+            "groups": replica_groups(self._plan_nodes, self.spec.checkpoint.replicas),
+            "sent_bytes": sum(s.get("sent_bytes", 0) for s in statuses),
+            "seconds": round(sum(s.get("seconds", 0.0) for s in statuses), 3),
+            "errors": sum(s.get("errors", 0) for s in statuses),
+            # Shards in each node's memory at the last report (own store + copies).
+            "shards_held": {
+                node: sum(map(len, self.stored.get(node, {}).values()))
+                + sum(map(len, self.replicas_held.get(node, {}).values()))
+                for node in self._plan_nodes
+                if node in self.agents
+            },
+        }
+
+    def _trim(self) -> None:
+        """Bound each node's memory: keep the retained commits, the step being replicated
+        and each rank's newest few; drop everything below the oldest retained commit."""
+        keep = set(self.commit.retained)
+        if self._replicating is not None:
+            keep.add(self._replicating[0])
+        if self.persister is not None:
+            keep |= self.persister.pinned(self.progress()["step"])
+        keep = tuple(sorted(keep))
+        if keep == self._kept:
+            return
+        self._kept = keep
+        # Nothing kept is dropped for being old (a grid step waiting to be persisted).
+        below = self._dropped_below
+        if below is not None and keep:
+            below = min(below, keep[0])
+        self._prune_seq += 1
+        for agent in self.agents.values():
+            agent.prune.remote(
+                below=below,
+                keep=list(keep),
+                newest=NEWEST_KEPT,
+                fresh_above=self.commit.committed,
+                seq=self._prune_seq,
+            )
 
     # --- detection ----------------------------------------------------------------------------
 
@@ -796,6 +1077,8 @@ class JobSupervisor:
         self.poller.forget(node)
         self.agents.pop(node, None)
         self.stored.pop(node, None)
+        self.replicas_held.pop(node, None)
+        self.replication.pop(node, None)
         dropped = [s for s in self.spares if s[2] == node]
         self.spares = [s for s in self.spares if s[2] != node]
         for actor, _, _ in dropped:
@@ -962,8 +1245,15 @@ class JobSupervisor:
             self._throughput_mark = (now, step)
         elif now - mark[0] >= THROUGHPUT_EVENT_S:
             rate = (step - mark[1]) / (now - mark[0])
+            committed = self.commit.committed
             self.events.emit(
-                "throughput", generation=self.generation, step=step, steps_per_s=round(rate, 3)
+                "throughput",
+                generation=self.generation,
+                step=step,
+                steps_per_s=round(rate, 3),
+                committed_step=committed,
+                # Steps a loss of `copies - 1` nodes would cost now (replication lag incl.).
+                commit_lag_steps=step - committed if committed is not None else None,
             )
             self._throughput_mark = (now, step)
 
@@ -1164,29 +1454,36 @@ class JobSupervisor:
             self._grow(grow)
             resized = True
 
-        # 3. Roll back to the newest committed step and start a new generation there.
+        # 3. Roll back to the newest step with a complete set of shards: in memory (any
+        # live copy: a node's own store or a peer's), else on durable storage.
         self._poll_agents(wait_s=2.0)
-        if resized or any(f.kind is FailureKind.NODE_LOST for f in failures):
-            # A lost node took its shards along: commit only what the living stores hold.
-            merged: dict[int, set[int]] = defaultdict(set)
-            for per_rank in self.stored.values():
-                for r, steps in per_rank.items():
+        merged: dict[int, set[int]] = defaultdict(set)
+        for per_node in (self.stored, self.replicas_held):
+            for held in per_node.values():
+                for r, steps in held.items():
                     merged[int(r)].update(steps)
-            for rank, source in self.restore_rank.items():
-                merged[rank] |= merged.get(source, set())  # a grown rank restores a peer's
-            if self.commit.world_size != self.world:
-                self.commit = CommitTracker(self.world)
-            self.commit.reset(merged)
-            if self.commit.committed is None:
+        for rank, source in self.restore_rank.items():
+            merged[rank] |= merged.get(source, set())  # a grown rank restores a peer's
+        if self.commit.world_size != self.world:
+            self.commit = CommitTracker(self.world)
+        self.commit.reset(merged)
+        durable = None
+        if self.commit.committed is None:
+            durable = self._durable_restore_point()
+            if durable is None:
                 self.events.emit(
                     "restart_from_scratch",
-                    reason="the lost node held the only copy of some ranks' shards "
-                    "(cross-node replicas are not kept yet)",
+                    reason="no step has a copy of every rank's shard on a living node "
+                    f"(checkpoint.replicas={self.spec.checkpoint.replicas}, "
+                    f"{self.copies} kept) nor on durable storage"
+                    + ("" if self.persister else " (checkpoint.persist.uri is not set)"),
                 )
-        restore = self.commit.committed
-        self.commit.rollback(restore if restore is not None else -1)
+        restore = durable.step if durable is not None else self.commit.committed
+        self.commit.rollback(self.commit.committed if self.commit.committed is not None else -1)
+        self._replicating, self._kept, self._dropped_below = None, (), None
+        self._prune_seq += 1
         for agent in self.agents.values():
-            agent.prune.remote(above=restore if restore is not None else -1)
+            agent.prune.remote(above=restore if restore is not None else -1, seq=self._prune_seq)
         # From scratch counts as restoring step 0.
         recorded = len(self.failures)
         self._record_failures(
@@ -1201,10 +1498,11 @@ class JobSupervisor:
             "replaced": sorted(replace),
             "from_spares": sorted(used_spares),
         }
-        self._start_generation(restore_step=restore)
+        self._start_generation(restore_step=restore, durable=durable)
         self._set(
             JobState.RUNNING,
-            f"generation {self.generation}: resumed from committed step {restore}"
+            f"generation {self.generation}: resumed from "
+            f"{'durable' if durable is not None else 'committed'} step {restore}"
             + (f", replaced rank(s) {sorted(replace)}" if replace else "")
             + (f", world size {self.world}" if resized else ""),
         )
@@ -1242,6 +1540,7 @@ class JobSupervisor:
         }
         self.beats.clear()
         self.stored.clear()
+        self.replicas_held.clear()
         self.world = len(survivors)
         self._resized(
             old_world,
@@ -1438,6 +1737,8 @@ class JobSupervisor:
             restore_step=rec["restore_step"],
             replaced=rec["replaced"],
             from_spares=rec["from_spares"],
+            restore_tiers=self.restore_tiers,
+            restored_remotely=self.restored_remotely,
             phases_s={k: round(v, 4) for k, v in phases.items()},
             recovered_after_s=[f["recovered_after_s"] for f in rec["failures"]],
         )
@@ -1510,6 +1811,9 @@ class JobSupervisor:
             "lost_nodes": sorted(self.lost_nodes),
             "stragglers": self.stragglers,
             "checkpoint": _pipeline_summary(outs),
+            "replication": self._replication_summary(),
+            "persist": self.persister.summary() if self.persister else None,
+            "resumed_from": self.resumed_from,
             "error": self.error,
         }
 

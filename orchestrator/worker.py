@@ -30,6 +30,7 @@ from orchestrator import chaos, preflight
 from orchestrator.collective import ElasticGroup, GroupAborted, make_ddp
 from orchestrator.context import TrainContext
 from orchestrator.entrypoint import load_entrypoint
+from orchestrator.persist import open_store
 from orchestrator.spec import JobSpec
 
 HEARTBEAT_INTERVAL_S = 0.25  # at least this often
@@ -294,6 +295,10 @@ class TrainWorker:
         self._next_slot = (following, payload.nbytes)
 
     def _fetch(self, source: Any, step: int) -> Snapshot | None:
+        """`step`'s shard from the restore source: an agent's memory (own node's by
+        default) or, for a dict naming a durable target, storage (sha256-checked)."""
+        if isinstance(source, dict):
+            return open_store(source).read_shard(step, self._restore_rank)
         return ray.get((source or self.agent).get_shard.remote(self._restore_rank, step))
 
     def _on_fault(self, fault: dict[str, Any]) -> None:
@@ -308,6 +313,8 @@ class TrainWorker:
             inject_gpu_fault=lambda xid: ray.get(
                 self.agent.inject_gpu_fault.remote(self._gpu_for_probe(), xid)
             ),
+            drop_replicas=lambda: ray.get(self.agent.wipe.remote(fault["at_step"])),
+            storage_outage=lambda seconds: ray.get(self.supervisor.storage_outage.remote(seconds)),
         )
 
     def _gpu_for_probe(self) -> int:

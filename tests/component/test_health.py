@@ -16,46 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests.component.conftest import SMALL, make_baseline, make_runner, small_spec, stalwart_cli
+from tests.component.multinode import WORKER_NODE_CPUS, MultiNode
 
 SMALL_MODEL = SMALL["config"]["model"]
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(420)]
-
-WORKER_NODE_CPUS = 2
-
-
-class MultiNode:
-    def __init__(self):
-        from ray.cluster_utils import Cluster
-
-        self.cluster = Cluster(
-            initialize_head=True,
-            connect=False,
-            head_node_args={"num_cpus": 0, "include_dashboard": False},
-        )
-        self.address = self.cluster.address
-
-    @staticmethod
-    def _alive(node) -> bool:
-        return all(p.process.poll() is None for p in node.all_processes["raylet"])
-
-    def ensure_worker_nodes(self, n: int, exactly: bool = False) -> None:
-        """At least (or `exactly`) `n` live worker nodes, registered with the cluster; nodes
-        a test killed are removed."""
-        for node in list(self.cluster.worker_nodes):
-            if not self._alive(node):
-                self.cluster.remove_node(node, allow_graceful=False)
-        while exactly and len(self.cluster.worker_nodes) > n:
-            self.cluster.remove_node(next(iter(self.cluster.worker_nodes)))
-        while len(self.cluster.worker_nodes) < n:
-            self.cluster.add_node(num_cpus=WORKER_NODE_CPUS)
-        self.cluster.wait_for_nodes()
-
-    def shutdown(self) -> None:
-        import ray
-
-        ray.shutdown()  # a job thread left connected must not keep the head from stopping
-        self.cluster.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +74,11 @@ def test_kill_node_detected_and_ranks_replaced_on_other_nodes(hrun, hbaseline):
     [replaced] = events_of(result, "replaced")
     assert set(map(int, replaced["ranks"])) == set(lost["ranks"])
     assert all(r["node"] != dead for r in replaced["ranks"].values())
-    # The lost node held the only copies of its ranks' shards: the job starts over (the
-    # checkpoint issue's cross-node replicas make this a resume) and ends exact.
+    # Its ranks' shards have copies on a peer (checkpoint.replicas defaults to 2): a resume.
+    assert events_of(result, "restart_from_scratch") == []
+    gen2 = events_of(result, "generation")[1]
+    assert set(map(int, gen2["restored_remotely"])) == set(lost["ranks"])
+    assert set(gen2["restored_remotely"].values()) == {"peer"}
     assert result["model_digest"] == hbaseline(spec)["model_digest"]
 
 

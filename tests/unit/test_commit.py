@@ -137,3 +137,31 @@ def test_rollback_below_everything():
     assert ct.committed is None
     assert ct.retained == ()
     assert ct.observe({0: [2], 1: [2]}) == 2
+
+
+# --- with_copies: the steps that count when shards are replicated ------------------------
+
+
+def test_with_copies_one_copy_is_what_the_own_stores_hold():
+    from ckpt.commit import with_copies
+
+    assert with_copies({0: [1, 2], 1: [2]}, [], copies=1) == {0: {1, 2}, 1: {2}}
+
+
+def test_with_copies_counts_distinct_holdings():
+    from ckpt.commit import with_copies
+
+    own_a, own_b = {0: [5, 6]}, {1: [5, 6]}  # node A holds rank 0, node B rank 1
+    copies_a, copies_b = {1: [5]}, {0: [5, 6]}  # A keeps B's step 5, B keeps A's 5 and 6
+    out = with_copies({0: [5, 6], 1: [5, 6]}, [own_a, own_b, copies_a, copies_b], copies=2)
+    assert out == {0: {5, 6}, 1: {5}}
+    tracker = CommitTracker(2)
+    assert tracker.observe(out) == 5  # step 6 waits for rank 1's copy
+
+
+def test_with_copies_a_lost_holding_uncommits_nothing_already_counted_elsewhere():
+    from ckpt.commit import with_copies
+
+    # Three copies wanted; only two holdings left after a node was lost.
+    out = with_copies({0: [3]}, [{0: [3]}, {0: [3]}], copies=3)
+    assert out == {0: set()}

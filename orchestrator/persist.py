@@ -1,0 +1,187 @@
+"""Writing committed steps to the durable tier, never on the training path nor blocking the
+supervisor's control loop.
+
+Each persisted step is written by the node agents, every rank's shard by one node holding
+it in memory (its own node's when it can), in the agents' threads; the supervisor only
+waits for the answers without blocking. When every shard is written, a thread of the
+supervisor writes the manifest (last: it is what makes the step complete, ckpt/durable.py)
+and prunes storage to `keep_last` complete checkpoints. A failing target costs retries with
+backoff inside each write, then a `persist_failed` event and a cool-down; the training goes
+on, and the older complete checkpoints stay valid.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from ckpt.durable import DurableError, DurableStore, ShardRecord
+from orchestrator.spec import PersistSpec
+
+FAILURE_COOLDOWN_S = 5.0  # after a failed attempt, the next one waits this long
+
+
+def target_of(spec: PersistSpec, job: str) -> dict[str, Any]:
+    """What an agent or a worker needs to open the same DurableStore."""
+    return {"uri": spec.uri, "job": job, "retries": spec.retries, "backoff_s": spec.backoff_s}
+
+
+def open_store(target: dict[str, Any]) -> DurableStore:
+    return DurableStore(
+        target["uri"], target["job"], retries=target["retries"], backoff_s=target["backoff_s"]
+    )
+
+
+class Persister:
+    def __init__(self, spec: PersistSpec, job: str, emit: Callable[..., None]):
+        self.spec = spec
+        self.target = target_of(spec, job)
+        self.store = open_store(self.target)
+        self._emit = emit
+        self._lock = threading.Lock()
+        self.last_step: int | None = None  # the newest step persisted by this run
+        self.last_at = time.time()  # when (the job's start counts as a persist)
+        self._in_flight: dict[str, Any] | None = None
+        self._cooldown_until = 0.0
+        self.history: list[dict[str, Any]] = []
+        self.failures = 0
+
+    def pinned(self, newest: int | None) -> set[int]:
+        """Steps the stores must keep: the one being written and, with every_steps, the
+        next steps of the grid (multiples of every_steps) up to one past `newest`."""
+        with self._lock:
+            out = {self._in_flight["step"]} if self._in_flight else set()
+        every = self.spec.every_steps
+        if every is not None:
+            start = (self.last_step or 0) // every * every + every
+            out.update(range(start, max(newest or 0, start) + every + 1, every))
+        return out
+
+    def resumed_from(self, step: int) -> None:
+        """The job starts from durable `step`: the interval counts from there."""
+        self.last_step, self.last_at = step, time.time()
+
+    def choose(self, complete: set[int], committed: int | None, now: float) -> int | None:
+        """The step to persist now, if any. `complete`: steps of which every rank's shard
+        is in some live node's memory. With every_steps, the newest complete multiple of
+        every_steps past the last one persisted (so checkpoints land on 10, 20, 30 ...);
+        with every_seconds, once that long passed, the newest committed step."""
+        with self._lock:
+            if self._in_flight is not None or now < self._cooldown_until:
+                return None
+        last = self.last_step if self.last_step is not None else 0
+        every = self.spec.every_steps
+        if every is not None:
+            grid = [s for s in complete if s > last and s % every == 0]
+            if grid:
+                return max(grid)
+        if (
+            self.spec.every_seconds is not None
+            and now - self.last_at >= self.spec.every_seconds
+            and committed is not None
+            and committed > last
+            and committed in complete
+        ):
+            return committed
+        return None
+
+    def start(self, step: int, world_size: int, assignment: dict[str, tuple[Any, list[int]]]):
+        """Write `step`: node -> (its agent, the ranks whose shard it writes)."""
+        refs = {
+            agent.persist.remote(self.target, step, ranks): node
+            for node, (agent, ranks) in assignment.items()
+            if ranks
+        }
+        with self._lock:
+            self._in_flight = {
+                "step": step,
+                "world": world_size,
+                "refs": refs,
+                "started": time.time(),
+                "phase": "shards",
+            }
+
+    def poll(self) -> None:
+        """Take the agents' answers that are in; never blocks."""
+        with self._lock:
+            job = self._in_flight
+        if job is None or job["phase"] != "shards":
+            return
+        ready, _ = ray.wait(list(job["refs"]), num_returns=len(job["refs"]), timeout=0)
+        if len(ready) < len(job["refs"]):
+            return
+        records: list[ShardRecord] = []
+        errors = {}
+        for ref, node in job["refs"].items():
+            try:
+                records += [ShardRecord(**r) for r in ray.get(ref)]
+            except Exception as e:  # DurableError from the agent, or the agent died
+                errors[node[:12]] = _cause(e)
+        if errors:
+            self._failed(job, "; ".join(f"node {n}: {why}" for n, why in sorted(errors.items())))
+            return
+        job["phase"] = "manifest"
+        threading.Thread(
+            target=self._finish, args=(job, records), name="stalwart-persist", daemon=True
+        ).start()
+
+    def _finish(self, job: dict[str, Any], records: list[ShardRecord]) -> None:
+        try:
+            self.store.write_manifest(job["step"], job["world"], records)
+            pruned = self.store.prune(self.spec.keep_last)
+        except (DurableError, OSError, ValueError) as e:
+            self._failed(job, _cause(e))
+            return
+        seconds = time.time() - job["started"]
+        nbytes = sum(r.nbytes for r in records)
+        entry = {"step": job["step"], "seconds": round(seconds, 3), "bytes": nbytes}
+        with self._lock:
+            self.history.append(entry)
+            self.last_step, self.last_at = job["step"], time.time()
+            self._in_flight = None
+        self._emit(
+            "persisted",
+            **entry,
+            uri=self.store.describe(),
+            pruned=pruned,
+            reason=f"step {job['step']} on {self.store.describe()} "
+            f"({nbytes / 1e6:.1f} MB in {seconds:.2f} s)",
+        )
+
+    def _failed(self, job: dict[str, Any], why: str) -> None:
+        with self._lock:
+            self.failures += 1
+            self._in_flight = None
+            self._cooldown_until = time.time() + FAILURE_COOLDOWN_S
+        self._emit(
+            "persist_failed",
+            step=job["step"],
+            reason=f"step {job['step']} not persisted to {self.store.describe()}: {why}; "
+            f"the older complete checkpoints stay valid, next try in {FAILURE_COOLDOWN_S:g} s",
+        )
+
+    def outage(self, seconds: float, agents: list[Any]) -> None:
+        """Chaos storage_unavailable: the target fails for every writer for `seconds`."""
+        self.store.fail_for(seconds)
+        for agent in agents:
+            agent.storage_outage.remote(self.target, seconds)
+
+    def summary(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "uri": self.store.describe(),
+                "persisted": [h["step"] for h in self.history],
+                "last_step": self.last_step,
+                "failures": self.failures,
+                "bytes": sum(h["bytes"] for h in self.history),
+            }
+
+
+def _cause(e: BaseException) -> str:
+    if isinstance(e, ray.exceptions.RayTaskError) and e.cause is not None:
+        e = e.cause
+    return f"{type(e).__name__}: {e}"[:400]
