@@ -29,6 +29,19 @@ class ShardInfo:
     nbytes: int
 
 
+OWNER_FILE = ".owner"
+
+
+def _process_id(pid: int) -> str:
+    """`pid:start-time`: a pid alone could be reused by a later process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        start = stat.rsplit(")", 1)[1].split()[19]  # field 22, after the command name
+    except (OSError, IndexError):
+        return f"{pid}:gone"
+    return f"{pid}:{start}"
+
+
 def _trimmed(keys, keep: set[int], newest: int, below: int | None) -> set[tuple[int, int]]:
     """The (rank, step) keys `trim` drops: steps below `below`, and steps neither in `keep`
     nor among their rank's `newest` newest."""
@@ -171,11 +184,34 @@ class ShmShardStore:
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        # Who owns these files: a store whose process died without close() (SIGKILL, its
+        # job's driver gone) leaves them; the next store on the machine reaps them.
+        (self.root / OWNER_FILE).write_text(_process_id(os.getpid()))
         self._shards: dict[tuple[int, int], tuple[Snapshot, _Slot]] = {}
         self._free: dict[int, list[_Slot]] = defaultdict(list)
         self._reserved: dict[str, tuple[int, _Slot]] = {}
         self._lock = threading.Lock()
         self._count = 0
+
+    @staticmethod
+    def reap_orphans(shm_root: str | Path) -> list[str]:
+        """Delete the store directories under `shm_root` (JOB-KEY/NODE/) whose owning
+        process is gone; returns them. Shared memory is the machine's RAM: a job killed
+        without a clean stop must not keep it."""
+        reaped = []
+        for owner in Path(shm_root).glob(f"*/*/{OWNER_FILE}"):
+            try:
+                ident = owner.read_text().strip()
+            except OSError:
+                continue
+            pid = ident.split(":", 1)[0]
+            if not pid.isdigit() or _process_id(int(pid)) == ident:
+                continue  # alive (same pid, same start time)
+            shutil.rmtree(owner.parent, ignore_errors=True)
+            reaped.append(str(owner.parent))
+            with contextlib.suppress(OSError):
+                owner.parent.parent.rmdir()  # the job's directory, once empty
+        return reaped
 
     @staticmethod
     def usable(root: str | Path, need_bytes: int = 1 << 30) -> bool:

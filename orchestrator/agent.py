@@ -39,6 +39,8 @@ class NodeAgent:
         # Shared-memory slot files when this machine has room for them (workers write into
         # them directly); otherwise shards travel through Ray and live in this process.
         root = os.path.join(shm_root, store_key, node_id[:16]) if shm_root else None
+        if shm_root and os.path.isdir(shm_root):
+            ShmShardStore.reap_orphans(shm_root)
         if root and ShmShardStore.usable(os.path.dirname(root)):
             self.store: MemoryShardStore | ShmShardStore = ShmShardStore(root)
             self.transport = "shm"
@@ -125,6 +127,9 @@ class NodeAgent:
     def set_peers(self, peers: dict[str, Any]) -> None:
         """node -> agent: the peers that keep copies of this node's shards."""
         self.replicator.set_peers(peers)
+
+    def set_stride(self, stride: int) -> None:
+        self.replicator.set_stride(stride)
 
     def replicate(self, step: int) -> None:
         """Send this node's shards of `step` to the peers next (in the background)."""

@@ -164,6 +164,20 @@ class Persister:
             f"the older complete checkpoints stay valid, next try in {FAILURE_COOLDOWN_S:g} s",
         )
 
+    def idle(self) -> bool:
+        with self._lock:
+            return self._in_flight is None
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait (polling) until no step is being written; False if it still is."""
+        deadline = time.monotonic() + timeout_s
+        while not self.idle():
+            if time.monotonic() > deadline:
+                return False
+            self.poll()
+            time.sleep(0.05)  # waiting on agents' writes, bounded by the deadline
+        return True
+
     def outage(self, seconds: float, agents: list[Any]) -> None:
         """Chaos storage_unavailable: the target fails for every writer for `seconds`."""
         self.store.fail_for(seconds)

@@ -12,6 +12,8 @@ counted and reported; the step then stays uncommitted.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 from typing import Any
@@ -30,6 +32,7 @@ class Replicator:
         self._cv = threading.Condition()
         self._peers: dict[str, Any] = {}
         self._pending: dict[int, int] = {}  # rank -> newest step offered, not yet sent
+        self._stride = 1  # only steps that are multiples of this are sent (set_stride)
         self._wanted: int | None = None  # a step every rank's shard of goes next
         self._sending: set[int] = set()
         self._stop = False
@@ -51,9 +54,17 @@ class Replicator:
                     self._pending[rank] = max(steps[-1], self._pending.get(rank, -1))
                 self._cv.notify()
 
+    def set_stride(self, stride: int) -> None:
+        """Send only steps that are multiples of `stride` (the same on every node, so the
+        ranks' copies meet on common steps): the supervisor thins fast steps out."""
+        with self._cv:
+            self._stride = max(1, int(stride))
+
     def offer(self, rank: int, step: int) -> None:
         """`rank`'s shard of `step` was just stored here: send it when the thread is free."""
         with self._cv:
+            if step % self._stride:
+                return
             if self._peers and step > self._pending.get(rank, -1):
                 self._pending[rank] = step
                 self._cv.notify()
@@ -110,6 +121,10 @@ class Replicator:
             return batch
 
     def _loop(self) -> None:
+        # Training first: this thread yields the CPU to the node's workers (Linux: the
+        # niceness of one thread).
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         while (batch := self._next()) is not None:
             with self._cv:
                 peers = dict(self._peers)

@@ -22,6 +22,7 @@ from pydantic import (
     Tag,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 ENTRYPOINT_RE = re.compile(
@@ -73,11 +74,21 @@ class PersistSpec(_Model):
     retries: int = Field(3, ge=0, description="retries of a failed write, with backoff")
     backoff_s: float = Field(0.5, ge=0, description="first retry's delay; doubles each time")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_interval(cls, data: Any) -> Any:
+        if (
+            isinstance(data, dict)
+            and data.get("uri")
+            and data.get("every_steps") is None
+            and data.get("every_seconds") is None
+        ):
+            data = {**data, "every_seconds": 300.0}
+        return data
+
     def model_post_init(self, _ctx: Any) -> None:
         if self.uri is not None and not self.uri.strip():
             raise ValueError("checkpoint.persist.uri: must not be empty (null: no durable tier)")
-        if self.uri and self.every_steps is None and self.every_seconds is None:
-            self.every_seconds = 300.0
         if self.uri:
             from fsspec.registry import get_filesystem_class
             from fsspec.utils import get_protocol

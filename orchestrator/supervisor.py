@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import math
 import statistics
 import threading
 import time
@@ -53,6 +54,8 @@ from orchestrator.worker import TrainWorker
 log = logging.getLogger(__name__)
 
 RAY_NODES_CHECK_S = 1.0  # how often Ray's node table is read
+FINAL_PERSIST_TIMEOUT_S = 300.0  # a finished job waits this long for its last checkpoint
+REPLICATE_PER_S = 4.0  # copies to peers at most this often (thinned to a grid of steps)
 REPLICATION_ALIGN_S = 1.0  # no commit for this long: name the step every agent sends
 REPLICATION_STALL_S = 30.0  # no commit for this long: an event says so (again every 30 s)
 NEWEST_KEPT = 3  # each rank's newest steps a node's own store keeps beyond the commits
@@ -101,6 +104,7 @@ class JobSupervisor:
         self.copies = 1  # copies of each shard the replica plan keeps (ckpt/replicas.py)
         self._plan_nodes: tuple[str, ...] = ()
         self._replicating: tuple[int, float] | None = None  # (step asked for, when)
+        self._stride = self.spec.checkpoint.every_steps  # steps apart of the copies sent
         self._commit_seen: tuple[int | None, float] = (None, time.time())  # (step, since)
         self._stall_reported = 0.0
         self._kept: tuple[int, ...] = ()  # the steps last sent to agents as `keep`
@@ -789,19 +793,24 @@ class JobSupervisor:
             return
         complete = self._complete_in_memory()
         step = p.choose(complete, self.commit.committed, time.time())
-        if step is None:
-            return
+        if step is not None:
+            self._start_persist(step)
+
+    def _start_persist(self, step: int) -> bool:
+        """Have the agents write `step`: each rank's shard by a node holding it in memory
+        (the rank's own node when it can). False if some shard is not in memory now."""
         holders = self._holders(step)
         assignment: dict[str, tuple[Any, list[int]]] = {}
         for rank in range(self.world):
-            nodes = [n for n in holders.get(self.restore_rank.get(rank, rank), ())]
+            nodes = holders.get(self.restore_rank.get(rank, rank), [])
             if not nodes:
-                return  # not all in memory right now (a shrink or rekey): next time
+                return False  # (a shrink or rekey moved it): next time
             here = self.worker_info.get(rank, {}).get("node_id")
             node = here if here in nodes else min(nodes)
             assignment.setdefault(node, (self.agents[node], []))[1].append(rank)
-        p.start(step, self.world, assignment)
+        self.persister.start(step, self.world, assignment)
         self._trim()
+        return True
 
     def _complete_in_memory(self) -> set[int]:
         """Steps of which every rank's shard is in some live node's memory."""
@@ -814,6 +823,25 @@ class JobSupervisor:
                     per_rank[int(r)].update(steps)
         sets = [per_rank.get(self.restore_rank.get(r, r), set()) for r in range(self.world)]
         return set.intersection(*sets) if sets else set()
+
+    def _persist_final(self) -> None:
+        """At the end of a job, the newest step all ranks hold goes to storage too (after
+        the write in flight), so a finished job's last state is durable."""
+        p = self.persister
+        if p is None:
+            return
+        if not p.wait(FINAL_PERSIST_TIMEOUT_S):
+            self.events.emit("persist_failed", step=None, reason="the last write did not end")
+            return
+        complete = self._complete_in_memory()
+        last = p.last_step if p.last_step is not None else 0
+        newest = max((s for s in complete if s > last), default=None)
+        if newest is None or not self._start_persist(newest):
+            return
+        if not p.wait(FINAL_PERSIST_TIMEOUT_S):
+            self.events.emit(
+                "persist_failed", step=newest, reason="the final checkpoint's write did not end"
+            )
 
     def storage_outage(self, seconds: float) -> None:
         """Chaos storage_unavailable (called by the worker carrying out the fault)."""
@@ -935,6 +963,7 @@ class JobSupervisor:
         plan = replica_peers(nodes, wanted)
         self.copies = max(1, effective_copies(nodes, wanted))
         for node, others in plan.items():
+            self.agents[node].set_stride.remote(self._stride)
             self.agents[node].set_peers.remote({n: self.agents[n] for n in others})
         self._replicating = None  # a step asked of the old groups may never complete
         self.events.emit(
@@ -1003,6 +1032,26 @@ class JobSupervisor:
         self._replicating = (newest, now)
         for node in self._plan_nodes:
             self.agents[node].replicate.remote(newest)
+
+    def _set_replication_stride(self, steps_per_s: float) -> None:
+        """Send copies at most REPLICATE_PER_S times a second: faster snapshots are thinned
+        out to a common grid of steps (a copy per step of a 30 steps/s job would cost the
+        node's CPU on every step). A lost node then redoes at most 1/REPLICATE_PER_S s of
+        steps more than checkpoint.every_steps. Changed only by a factor of 2 or more."""
+        every = self.spec.checkpoint.every_steps
+        snapshots_per_s = steps_per_s / every
+        k = max(1, math.ceil(snapshots_per_s / REPLICATE_PER_S))
+        current = self._stride // every
+        if k == current or (current and k < 2 * current and 2 * k > current):
+            return
+        self._stride = k * every
+        for node in self._plan_nodes:
+            self.agents[node].set_stride.remote(self._stride)
+        self.events.emit(
+            "replication_stride",
+            stride=self._stride,
+            reason=f"copies of every {self._stride} steps at {steps_per_s:.1f} steps/s",
+        )
 
     def _replication_summary(self) -> dict[str, Any]:
         statuses = list(self.replication.values())
@@ -1245,6 +1294,7 @@ class JobSupervisor:
             self._throughput_mark = (now, step)
         elif now - mark[0] >= THROUGHPUT_EVENT_S:
             rate = (step - mark[1]) / (now - mark[0])
+            self._set_replication_stride(rate)
             committed = self.commit.committed
             self.events.emit(
                 "throughput",
@@ -1755,6 +1805,7 @@ class JobSupervisor:
             self._set(JobState.FAILED, self.error["message"])
             return
         self._poll_agents(wait_s=2.0)
+        self._persist_final()
         self._set(JobState.SUCCEEDED, f"all {self.world} ranks finished {self.spec.steps} steps")
 
     def _teardown(self) -> None:

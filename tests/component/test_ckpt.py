@@ -4,10 +4,19 @@ chain. The oracle is the model digest of the failure-free run of the same spec."
 from __future__ import annotations
 
 import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.component.conftest import make_baseline, make_runner, small_spec
+from ckpt.durable import DurableStore
+from tests.component.conftest import REPO, make_baseline, make_runner, small_spec, stalwart_cli
 from tests.component.multinode import WORKER_NODE_CPUS, MultiNode
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(420)]
@@ -153,4 +162,143 @@ def test_kill_node_and_drop_replicas_restore_from_durable_storage(
     complete = [s for s in steps if (uri / spec["name"] / s / "manifest.json").exists()]
     assert len(complete) == 2, steps
     multinode.ensure_worker_nodes(3)  # the lost node's place, for the baseline's 2 ranks
+    assert result["model_digest"] == cbaseline(_without_persist(spec))["model_digest"]
+
+
+def _wait_for(path: Path, kind: str, ok, timeout_s: float) -> dict:
+    """The first event of `kind` in the events.jsonl at `path` for which ok(event) holds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    e = json.loads(line)
+                    if e["type"] == kind and ok(e):
+                        return e
+        time.sleep(0.2)  # polling a file another process writes; bounded by the deadline
+    raise AssertionError(f"no matching {kind!r} event in {path} within {timeout_s} s")
+
+
+def test_driver_sigkill_then_rerun_resumes_from_the_last_durable_step(
+    multinode, crun, cbaseline, tmp_path
+):
+    uri = tmp_path / "durable"
+    spec = small_spec(
+        name="resume-me",
+        steps=300,
+        checkpoint={
+            "every_steps": 1,
+            "replicas": 2,
+            "persist": {"uri": str(uri), "every_steps": 20, "keep_last": 3},
+        },
+    )
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    first_out = tmp_path / "first"
+    first = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "orchestrator.cli", "run", str(job)),
+            *("--address", multinode.address, "--output", str(first_out), "-o", "json"),
+        ],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_for(first_out / "events.jsonl", "persisted", lambda e: e["step"] >= 40, 180)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    done_before = max(int(p.name.split("-")[1]) for p in (uri / "resume-me").iterdir())
+    assert done_before < 300, "the first run was not interrupted"
+
+    second = stalwart_cli(
+        "run", str(job), "--output", str(tmp_path / "second"), "-o", "json",
+        address=multinode.address, timeout=300,
+    )  # fmt: skip
+    assert second.returncode == 0, second.stderr[-3000:]
+    result = json.loads(second.stdout)
+    assert result["status"] == "succeeded", result["error"]
+    [resume] = [e for e in _events(tmp_path / "second") if e["type"] == "resume"]
+    assert resume["step"] >= 40 and resume["step"] % 20 == 0, resume
+    assert "resuming from durable step" in resume["reason"]
+    assert result["resumed_from"] == resume["step"]
+    gen1 = next(e for e in _events(tmp_path / "second") if e["type"] == "generation")
+    assert gen1["restore_step"] == resume["step"] and gen1["restore_tiers"] == {"durable": 4}
+    assert result["model_digest"] == cbaseline(_without_persist(spec))["model_digest"]
+    # The same command again resumes from the newest checkpoint of the finished run.
+    never = stalwart_cli(
+        "run", str(job), "--output", str(tmp_path / "third"), "-o", "json", "--resume", "never",
+        address=multinode.address, timeout=300,
+    )  # fmt: skip
+    assert never.returncode == 0, never.stderr[-3000:]
+    assert json.loads(never.stdout)["resumed_from"] is None
+
+
+def _events(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines() if x.strip()]
+
+
+def test_corrupt_and_partial_checkpoints_are_skipped_with_reasons(crun, cbaseline, tmp_path):
+    uri = tmp_path / "durable"
+    spec = small_spec(
+        name="corrupt-me",
+        steps=45,
+        checkpoint={"persist": {"uri": str(uri), "every_steps": 10, "keep_last": 3}},
+    )
+    first = crun(spec)
+    assert first["status"] == "succeeded", first["error"]
+    root = uri / "corrupt-me"
+    # keep_last=3 complete checkpoints: of the grid (10, 20, 30, 40: the newest may not have
+    # been due before the end) and the end of the run (45).
+    kept = sorted(int(p.name.split("-")[1]) for p in root.iterdir())
+    assert len(kept) == 3 and kept[-1] == 45, kept
+    oldest, middle, newest = kept
+    shard = root / f"step-{newest:012d}" / "rank-00001.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-100])  # truncated
+    (root / f"step-{middle:012d}" / "manifest.json").unlink()  # a writer died before it
+    second = crun(spec)
+    assert second["status"] == "succeeded", second["error"]
+    skipped = {
+        e["step"]: e["reason"] for e in second["events"] if e["type"] == "checkpoint_skipped"
+    }
+    assert set(skipped) == {newest, middle}
+    assert "rank 1" in skipped[newest] and "truncated" in skipped[newest]
+    assert "manifest" in skipped[middle]
+    assert second["resumed_from"] == oldest
+    assert second["model_digest"] == cbaseline(_without_persist(spec))["model_digest"]
+
+
+def test_storage_outage_training_goes_on_and_persistence_catches_up(crun, cbaseline, tmp_path):
+    uri = tmp_path / "durable"
+    spec = small_spec(
+        name="outage",
+        steps=200,
+        checkpoint={
+            "persist": {"uri": str(uri), "every_steps": 10, "retries": 1, "backoff_s": 0.1}
+        },
+        chaos__faults=[{"kind": "storage_unavailable", "rank": 0, "at_step": 15, "seconds": 3}],
+    )
+    result = crun(spec)
+    assert result["status"] == "succeeded", result["error"]
+    types = [e["type"] for e in result["events"]]
+    failed = [e for e in result["events"] if e["type"] == "persist_failed"]
+    assert failed, "the outage made no write fail"
+    assert "storage unavailable" in failed[0]["reason"]
+    assert "older complete checkpoints stay valid" in failed[0]["reason"]
+    # Caught up: checkpoints written after the last failure, up to the end of the run.
+    persisted = [e["step"] for e in result["events"] if e["type"] == "persisted"]
+    last_failure = max(i for i, t in enumerate(types) if t == "persist_failed")
+    assert any(types[i] == "persisted" for i in range(last_failure, len(types)))
+    assert max(persisted) >= 150
+    # What a restore would pick is always complete: the newest step verifies, and asking
+    # for a step inside the outage gives the complete one before it, never a partial one.
+    store = DurableStore(str(uri), "outage")
+    newest, _ = store.newest_valid(world_size=4)
+    assert newest is not None and newest.step == max(persisted)
+    inside, _ = store.newest_valid(world_size=4, at_most=failed[0]["step"])
+    assert inside is None or inside.step < failed[0]["step"]
     assert result["model_digest"] == cbaseline(_without_persist(spec))["model_digest"]

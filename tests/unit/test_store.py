@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -209,7 +211,7 @@ def test_shm_store_frees_extra_slots(tmp_path):
     store = ShmShardStore(tmp_path / "node")
     paths = [_write_slot(store, 0, s, b"z" * 8) for s in range(6)]
     store.drop_below(6)
-    on_disk = sorted(p.name for p in (tmp_path / "node").iterdir())
+    on_disk = sorted(p.name for p in (tmp_path / "node").iterdir() if p.name != ".owner")
     assert len(on_disk) == 2  # two spare slots kept per rank, the rest unlinked
     assert {str(tmp_path / "node" / n) for n in on_disk} <= set(paths)
 
@@ -241,3 +243,26 @@ def test_shm_store_release_one_reservation(tmp_path):
     assert store.reserve(0, 16) == dropped
     store.commit(0, 1, b"s", (), kept)  # the other reservation is untouched
     assert store.stored() == {0: [1]}
+
+
+def test_orphaned_shm_stores_are_reaped_and_live_ones_kept(tmp_path):
+    import subprocess
+    import sys
+
+    from ckpt.store import OWNER_FILE, ShmShardStore
+
+    live = ShmShardStore(tmp_path / "job-a" / "node1")
+    live.put(0, snap(1, 1.0))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead_dir = tmp_path / "job-b" / "node1"
+    dead_dir.mkdir(parents=True)
+    (dead_dir / "r0-1").write_bytes(b"x" * 100)
+    (dead_dir / OWNER_FILE).write_text(f"{gone.stdout.strip()}:12345")
+    reaped = ShmShardStore.reap_orphans(tmp_path)
+    assert reaped == [str(dead_dir)]
+    assert not (tmp_path / "job-b").exists()
+    assert live.get(0, 1) is not None and (tmp_path / "job-a" / "node1").exists()
+    # A reused pid with another start time is not the owner.
+    (live.root / OWNER_FILE).write_text(f"{os.getpid()}:1")
+    assert ShmShardStore.reap_orphans(tmp_path) == [str(live.root)]

@@ -49,7 +49,8 @@ def shm_put(store: ShmShardStore, rank: int, shard: Snapshot) -> str:
 
 
 def files(root: Path) -> set[str]:
-    return {str(p) for p in root.iterdir()}
+    """The slot files (not the store's owner mark)."""
+    return {str(p) for p in root.iterdir() if p.name != ".owner"}
 
 
 # --- both stores --------------------------------------------------------------------------------
