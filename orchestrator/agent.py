@@ -24,6 +24,10 @@ from orchestrator.persist import open_store
 from orchestrator.replication import Replicator
 
 SHM_ROOT = "/dev/shm/stalwart"
+# An agent no supervisor has called for this long exits (a supervisor polls it several
+# times a second, but may be busy for minutes: scheduling, a replacement waiting for room).
+LEASE_S = 600.0
+LEASE_CHECK_S = 2.0
 
 
 class NodeAgent:
@@ -34,8 +38,11 @@ class NodeAgent:
         shm_root: str | None = SHM_ROOT,
         gpu_probe: str = "none",
         gpu_interval_s: float = 2.0,
+        lease_s: float | None = LEASE_S,
     ):
         self.node_id = node_id
+        self.store_key = store_key
+        self._fired: set[int] = set()  # chaos faults carried out on this node's ranks
         # Shared-memory slot files when this machine has room for them (workers write into
         # them directly); otherwise shards travel through Ray and live in this process.
         root = os.path.join(shm_root, store_key, node_id[:16]) if shm_root else None
@@ -71,8 +78,25 @@ class NodeAgent:
         if self.probe is not None:
             self._gpu_interval = gpu_interval_s
             threading.Thread(target=self._probe_loop, daemon=True, name="gpu-probe").start()
+        self._contact = time.monotonic()  # the supervisor's last report request
+        if lease_s is not None:
+            # The agent outlives its supervisor (it is detached: a restarted supervisor
+            # takes the job back from this memory), but not for long without one.
+            threading.Thread(
+                target=self._lease_loop, args=(lease_s,), daemon=True, name="stalwart-lease"
+            ).start()
+
+    def _lease_loop(self, lease_s: float) -> None:
+        """Exit, freeing this node's shards, once no supervisor asked for a report for
+        `lease_s` (it asks several times a second): its driver is gone and no successor
+        took the job back. No call to anyone: thousands of agents cost the GCS nothing."""
+        while not self._stop.wait(LEASE_CHECK_S):
+            if time.monotonic() - self._contact > lease_s:
+                self.close()
+                os._exit(0)  # a detached actor: nobody else would stop it
 
     def ping(self) -> str:
+        self._contact = time.monotonic()
         return self.node_id
 
     def store_transport(self) -> str:
@@ -179,6 +203,11 @@ class NodeAgent:
     def storage_outage(self, target: dict[str, Any], seconds: float) -> None:
         """Chaos storage_unavailable: this node's writes to `target` fail for `seconds`."""
         self._durable_store(target).fail_for(seconds)
+
+    def note_fault(self, index: int) -> None:
+        """A chaos fault (by its index in the spec) is being carried out."""
+        with self._lock:
+            self._fired.add(index)
 
     def heartbeat(self, rank: int, beat: dict[str, Any]) -> None:
         beat["received_at"] = time.time()
@@ -295,6 +324,7 @@ class NodeAgent:
         return {"pid": pid, "via": "py-spy", "text": text}
 
     def report(self) -> dict[str, Any]:
+        self._contact = time.monotonic()
         with self._lock:
             return {
                 "node": self.node_id,
@@ -303,6 +333,7 @@ class NodeAgent:
                 "stored": self.store.stored(),
                 "replicas": self.replicas.stored(),
                 "replication": self.replicator.status(),
+                "fired": sorted(self._fired),
                 "gpus": self._gpu_report(),
                 "gpu_probe": self.probe.kind if self.probe else None,
                 "gpu_probe_error": self.gpu_probe_error,

@@ -76,6 +76,7 @@ def carry_out(
     inject_gpu_fault: Callable[[int], None],
     drop_replicas: Callable[[], None] | None = None,
     storage_outage: Callable[[float], None] | None = None,
+    kill_supervisor: Callable[[], None] | None = None,
 ) -> None:
     kind = fault["kind"]
     if kind == "kill_worker":
@@ -92,5 +93,7 @@ def carry_out(
         drop_replicas()
     elif kind == "storage_unavailable" and storage_outage is not None:
         storage_outage(fault["seconds"])
+    elif kind == "kill_supervisor" and kill_supervisor is not None:
+        kill_supervisor()
     else:
         raise ValueError(f"unknown chaos fault kind {kind!r}")

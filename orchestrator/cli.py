@@ -115,7 +115,13 @@ def run(
     resume: str,
 ) -> None:
     """Train the job in FILE, recovering from failures, and print a summary."""
-    from orchestrator.driver import ClusterUnreachable, JobAlreadyRunning, RunOptions, run_job
+    from orchestrator.driver import (
+        ClusterUnreachable,
+        JobAlreadyRunning,
+        RunOptions,
+        SupervisorLost,
+        run_job,
+    )
     from orchestrator.entrypoint import EntrypointError, load_entrypoint
     from orchestrator.progress import ProgressView, print_summary
 
@@ -151,6 +157,9 @@ def run(
     except (ClusterUnreachable, JobAlreadyRunning) as e:
         err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)
+    except SupervisorLost as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_FAILED)
     if fmt == "json":
         click.echo(json.dumps(result, indent=2))
     else:

@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,10 @@ class ClusterUnreachable(RuntimeError):
 
 class JobAlreadyRunning(RuntimeError):
     """Another job of the same name runs on the cluster."""
+
+
+class SupervisorLost(RuntimeError):
+    """The job's supervisor died more often than failure.supervisor_restarts allows."""
 
 
 NAME_WAIT_S = 60.0
@@ -123,29 +128,58 @@ def run_job(
     try:
         name = f"stalwart-{spec.name}"
         _wait_for_name(name)
-        supervisor = (
-            ray.remote(JobSupervisor)
-            .options(
-                num_cpus=0,
-                max_concurrency=8,
-                name=name,
-                get_if_exists=False,
-                max_restarts=0,
-                # On the head node, whose loss is the cluster's loss anyway: a lost worker
-                # node (or a chaos kill_node) never takes the supervisor with it.
-                scheduling_strategy=NodeAffinitySchedulingStrategy(_head_node(), soft=False),
+        # One store key for every supervisor of this run: a restarted one finds the node
+        # agents (and the shards in their memory) by it.
+        store_key = f"{spec.name}-{uuid.uuid4().hex[:12]}"
+
+        def start(adopt: dict[str, Any] | None) -> Any:
+            return (
+                ray.remote(JobSupervisor)
+                .options(
+                    num_cpus=0,
+                    max_concurrency=8,
+                    name=name,
+                    get_if_exists=False,
+                    max_restarts=0,
+                    # On the head node, whose loss is the cluster's loss anyway: a lost
+                    # worker node (or a chaos kill_node) never takes the supervisor along.
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(_head_node(), soft=False),
+                )
+                .remote(spec.model_dump(mode="json"), opts.base_dir, opts.resume, store_key, adopt)
             )
-            .remote(spec.model_dump(mode="json"), opts.base_dir, opts.resume)
-        )
-        done = supervisor.run.remote()
+
+        supervisor = start(None)
+        restarts = 0
         with events_path.open("a") as events_file:
-            follower = _Follower(supervisor, done, events_file, on_progress, out)
-            try:
-                result = follower.follow()
-            except KeyboardInterrupt:
-                # Cancel cleanly: the supervisor aborts the workers and still reports.
-                supervisor.cancel.remote()
-                result = follower.follow()
+            follower = _Follower(supervisor, supervisor.run.remote(), events_file, on_progress, out)
+            while True:
+                try:
+                    result = follower.follow()
+                    break
+                except KeyboardInterrupt:
+                    # Cancel cleanly: the supervisor aborts the workers and still reports.
+                    follower.supervisor.cancel.remote()
+                    result = follower.follow()
+                    break
+                except ray.exceptions.RayActorError as e:
+                    # The supervisor died (its process, or a chaos kill_supervisor).
+                    if restarts >= spec.failure.supervisor_restarts:
+                        raise SupervisorLost(
+                            f"the job's supervisor died {restarts + 1} time(s) "
+                            f"(failure.supervisor_restarts={spec.failure.supervisor_restarts})"
+                            f": {str(e).splitlines()[0]}"
+                        ) from None
+                    restarts += 1
+                    follower.note(
+                        "supervisor_lost",
+                        restarts=restarts,
+                        reason=f"the supervisor died; starting another one ({restarts} of "
+                        f"{spec.failure.supervisor_restarts}), which takes the job back from "
+                        "the node agents' memory",
+                    )
+                    _wait_for_name(name)
+                    supervisor = start({"restarts": restarts})
+                    follower.rebind(supervisor, supervisor.run.remote())
         result["ray"] = where
         result["output"] = str(out)
         (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -210,6 +244,19 @@ class _Follower:
         self.on_progress = on_progress
         self.out = out
         self.seen = 0
+        self.last_progress: dict[str, Any] | None = None
+
+    def note(self, kind: str, **fields: Any) -> None:
+        """An event of the driver's own (the supervisor that would log it is gone)."""
+        event = {"ts": time.time(), "type": kind, **fields}
+        self.events_file.write(json.dumps(event) + "\n")
+        self.events_file.flush()
+        if self.on_progress and self.last_progress is not None:
+            self.on_progress(self.last_progress, [event])
+
+    def rebind(self, supervisor: Any, done: Any) -> None:
+        """Follow a new supervisor (its event log starts at 0)."""
+        self.supervisor, self.done, self.seen = supervisor, done, 0
 
     def follow(self) -> dict[str, Any]:
         import ray
@@ -223,6 +270,7 @@ class _Follower:
                 self.events_file.write(json.dumps(event) + "\n")
             self.events_file.flush()
             self.seen += len(update["events"])
+            self.last_progress = update["progress"]
             if self.on_progress:
                 self.on_progress(update["progress"], update["events"])
             if finished:

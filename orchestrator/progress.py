@@ -110,6 +110,8 @@ def _event_line(e: dict[str, Any]) -> Text | None:
             f"{where} ({phases})",
             style="green",
         )
+    if t == "supervisor_adopted":
+        return Text(f"{ts} {e['reason']}", style="green")
     if t == "resume":
         return Text(f"{ts} {e['reason']}", style="bold cyan")
     if t == "persisted":
@@ -120,7 +122,7 @@ def _event_line(e: dict[str, Any]) -> Text | None:
         return Text(f"{ts} checkpoint replicas: {e['reason']}", style="cyan")
     if t == "abort_timeout":
         return Text(f"{ts} rank {e['rank']} {e['reason']}", style="red")
-    if t in ("node_lost", "hang", "gpu_fatal", "gpu_error", "gpu_note"):
+    if t in ("node_lost", "hang", "gpu_fatal", "gpu_error", "gpu_note", "supervisor_lost"):
         return Text(f"{ts} {t.replace('_', ' ')}: {e['reason']}", style="red")
     if t == "straggler":
         return Text(

@@ -79,6 +79,23 @@ class Slots:
             ) from None
         return dict(self._node)
 
+    def remove_leftovers(self) -> int:
+        """Remove the slots a dead predecessor of this job's supervisor held (Ray keeps a
+        placement group until its job ends, not when the actor that made it dies)."""
+        from ray._raylet import PlacementGroupID
+
+        gone = 0
+        mine = {g.id.hex() for g in self._groups.values()}
+        for pg_id, info in placement_group_table().items():
+            if (
+                info["name"].startswith(f"{self.name}-")
+                and info["state"] != "REMOVED"
+                and pg_id not in mine
+            ):
+                remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id))))
+                gone += 1
+        return gone
+
     def strategy(self, slot: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(self._groups[slot], placement_group_bundle_index=0)
 

@@ -145,6 +145,12 @@ class FailureSpec(_Model):
         description="how long a lost rank's replacement may wait for capacity on a healthy "
         "node before the job fails",
     )
+    supervisor_restarts: int = Field(
+        2,
+        ge=0,
+        description="times the driver restarts a dead supervisor, which takes the job back "
+        "from the node agents' memory (or durable storage)",
+    )
 
 
 class StragglerSpec(_Model):
@@ -284,8 +290,21 @@ class StorageUnavailable(_FaultBase):
     seconds: float = Field(gt=0, description="how long the persist target fails")
 
 
+class KillSupervisor(_FaultBase):
+    """Kill the job's supervisor actor when ``rank`` reaches ``at_step``."""
+
+    kind: Literal["kill_supervisor"]
+
+
 Fault = Annotated[
-    KillWorker | KillNode | Hang | Slow | GpuXid | DropReplicas | StorageUnavailable,
+    KillWorker
+    | KillNode
+    | Hang
+    | Slow
+    | GpuXid
+    | DropReplicas
+    | StorageUnavailable
+    | KillSupervisor,
     Field(discriminator="kind"),
 ]
 

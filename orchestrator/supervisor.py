@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 RAY_NODES_CHECK_S = 1.0  # how often Ray's node table is read
 FINAL_PERSIST_TIMEOUT_S = 300.0  # a finished job waits this long for its last checkpoint
+AGENT_PREFIX = "stalwart-agent-"
 REPLICATE_PER_S = 4.0  # copies to peers at most this often (thinned to a grid of steps)
 REPLICATION_ALIGN_S = 1.0  # no commit for this long: name the step every agent sends
 REPLICATION_STALL_S = 30.0  # no commit for this long: an event says so (again every 30 s)
@@ -71,9 +72,20 @@ ActorGone = (
 
 
 class JobSupervisor:
-    def __init__(self, spec: dict[str, Any], base_dir: str | None = None, resume: str = "auto"):
+    def __init__(
+        self,
+        spec: dict[str, Any],
+        base_dir: str | None = None,
+        resume: str = "auto",
+        store_key: str | None = None,
+        adopt: dict[str, Any] | None = None,
+    ):
+        """`adopt`: this supervisor replaces one that died ({"restarts": n}); it takes the
+        job back from the node agents of `store_key`, which outlived it."""
         self.spec = JobSpec.model_validate(spec)
         self.resume = resume  # "auto", "never" or a step number (whole-job resume)
+        self.adopt = adopt
+        self.supervisor_restarts = adopt["restarts"] if adopt else 0
         self.resumed_from: int | None = None
         self.spec_dict = self.spec.model_dump(mode="json")
         self.base_dir = base_dir
@@ -121,7 +133,7 @@ class JobSupervisor:
         self.user_errors = 0
         self.error: dict[str, Any] | None = None
         self.started_at = time.time()
-        self.store_key = f"{self.spec.name}-{uuid.uuid4().hex[:12]}"
+        self.store_key = store_key or f"{self.spec.name}-{uuid.uuid4().hex[:12]}"
         self.running_since: float | None = None
         self.ended_at: float | None = None
         self._store = None
@@ -155,9 +167,13 @@ class JobSupervisor:
         self.handle = ray.get_runtime_context().current_actor
         try:
             self._set(JobState.SCHEDULING, f"placing {self.world} workers")
+            if self.adopt:
+                self._adopt_agents()
             self._schedule()
-            durable = self._resume_point()
-            self._start_generation(restore_step=durable.step if durable else None, durable=durable)
+            memory = self._adopted_restore_point() if self.adopt else None
+            durable = self._resume_point() if memory is None else None
+            restore = memory if memory is not None else (durable.step if durable else None)
+            self._start_generation(restore_step=restore, durable=durable)
             self.running_since = time.time()
             self._set(JobState.RUNNING, f"generation {self.generation} started")
             while not self.sm.state.terminal:
@@ -496,8 +512,19 @@ class JobSupervisor:
                     num_cpus=0,
                     max_concurrency=32,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                    # Detached: the node's memory (its shards) outlives this supervisor, so
+                    # a restarted one takes the job back from it (the agent's lease ends
+                    # it when no supervisor of the job is left).
+                    lifetime="detached",
+                    name=f"{AGENT_PREFIX}{self.store_key}-{node[:16]}",
+                    namespace="stalwart",
                 )
-                .remote(node, self.store_key, gpu_probe=gpu.probe, gpu_interval_s=gpu.interval_s)
+                .remote(
+                    node,
+                    self.store_key,
+                    gpu_probe=gpu.probe,
+                    gpu_interval_s=gpu.interval_s,
+                )
             )
         return self.agents[node]
 
@@ -753,6 +780,57 @@ class JobSupervisor:
             self.events.emit("checkpoint_skipped", step=step, reason=why)
         return manifest
 
+    def store_key_of(self) -> str:
+        """Which job run this is (node agents check their supervisor by it)."""
+        return self.store_key
+
+    def _adopt_agents(self) -> None:
+        """The node agents the dead supervisor left (detached, named after the store key);
+        the room its slots held is given back first."""
+        self.slots.remove_leftovers()
+        prefix = f"{AGENT_PREFIX}{self.store_key}-"
+        names = [
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == "stalwart" and a["name"].startswith(prefix)
+        ]
+        for name in names:
+            try:
+                agent = ray.get_actor(name, namespace="stalwart")
+                node = ray.get(agent.ping.remote(), timeout=NODE_PING_TIMEOUT_S * 5)
+            except (*ActorGone, ValueError, GetTimeoutError):
+                continue  # its node is gone
+            self.agents[node] = agent
+        self.events.emit(
+            "supervisor_adopted",
+            agents=sorted(self.agents),
+            restarts=self.supervisor_restarts,
+            reason=f"supervisor restarted ({self.supervisor_restarts} so far): "
+            f"{len(self.agents)} node agent(s) of the job kept their memory",
+        )
+
+    def _adopted_restore_point(self) -> int | None:
+        """The newest step of which the adopted agents' memory holds every rank's shard
+        (own stores or copies)."""
+        self._poll_agents(wait_s=5.0)
+        merged: dict[int, set[int]] = defaultdict(set)
+        for per_node in (self.stored, self.replicas_held):
+            for held in per_node.values():
+                for r, steps in held.items():
+                    merged[int(r)].update(steps)
+        self.commit.reset(merged)
+        step = self.commit.committed
+        self.events.emit(
+            "resume",
+            step=step,
+            reason=(
+                f"taking the job back from the node agents' memory at step {step}"
+                if step is not None
+                else "the node agents hold no complete step: durable storage or step 0"
+            ),
+        )
+        return step
+
     def _resume_point(self) -> Manifest | None:
         """Whole-job resume at start (`stalwart run --resume auto|never|STEP`)."""
         if self.persister is None or self.resume == "never":
@@ -928,6 +1006,8 @@ class JobSupervisor:
                 self.stored[rep["node"]] = rep["stored"]
                 self.replicas_held[rep["node"]] = rep.get("replicas", {})
                 self.replication[rep["node"]] = rep.get("replication", {})
+                # Faults carried out (an agent outlives a dead supervisor that saw them).
+                self.fired.update(rep.get("fired", ()))
                 for rank, steps in rep["stored"].items():
                     merged[int(rank)].update(steps)
                 for rank, beat in rep["beats"].items():
@@ -1865,6 +1945,7 @@ class JobSupervisor:
             "replication": self._replication_summary(),
             "persist": self.persister.summary() if self.persister else None,
             "resumed_from": self.resumed_from,
+            "supervisor_restarts": self.supervisor_restarts,
             "error": self.error,
         }
 

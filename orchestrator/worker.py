@@ -307,6 +307,9 @@ class TrainWorker:
         record = {**fault, "node_id": self.node_id}
         if self.supervisor is not None:
             ray.get(self.supervisor.record_fault.remote(record))
+        # Also with the node agent, which outlives a supervisor: its successor must not
+        # fire the fault again.
+        ray.get(self.agent.note_fault.remote(fault["index"]))
         chaos.carry_out(
             fault,
             slow_down=self.ctx.slow_down,
@@ -315,6 +318,7 @@ class TrainWorker:
             ),
             drop_replicas=lambda: ray.get(self.agent.wipe.remote(fault["at_step"])),
             storage_outage=lambda seconds: ray.get(self.supervisor.storage_outage.remote(seconds)),
+            kill_supervisor=lambda: ray.kill(self.supervisor, no_restart=True),
         )
 
     def _gpu_for_probe(self) -> int:

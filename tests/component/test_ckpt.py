@@ -302,3 +302,29 @@ def test_storage_outage_training_goes_on_and_persistence_catches_up(crun, cbasel
     inside, _ = store.newest_valid(world_size=4, at_most=failed[0]["step"])
     assert inside is None or inside.step < failed[0]["step"]
     assert result["model_digest"] == cbaseline(_without_persist(spec))["model_digest"]
+
+
+def test_kill_supervisor_the_job_goes_on_from_the_agents_memory(crun, cbaseline):
+    spec = small_spec(
+        name="headless",
+        steps=80,
+        checkpoint={"every_steps": 1, "replicas": 2},
+        chaos__faults=[{"kind": "kill_supervisor", "rank": 0, "at_step": 30}],
+    )
+    result = crun(spec)
+    assert result["status"] == "succeeded", result["error"]
+    assert result["supervisor_restarts"] == 1
+    [lost] = events_of(result, "supervisor_lost")
+    assert lost["restarts"] == 1 and "node agents' memory" in lost["reason"]
+    [adopted] = events_of(result, "supervisor_adopted")
+    assert adopted["agents"], adopted  # the node agents outlived the supervisor
+    [resume] = [e for e in events_of(result, "resume") if e["step"] is not None]
+    assert 1 <= resume["step"] <= 30, resume  # from memory, not from step 0
+    first = next(
+        e for e in result["events"][result["events"].index(adopted) :] if e["type"] == "generation"
+    )
+    assert first["restore_step"] == resume["step"]
+    assert set(first["restore_tiers"]) <= {"memory", "peer"}
+    # The fault is not carried out again by the new supervisor's workers.
+    assert result["steps_completed"] == 80
+    assert result["model_digest"] == cbaseline(spec)["model_digest"]

@@ -65,3 +65,18 @@ def test_more_than_the_cluster_holds_is_refused_in_time(connected):
         slots.reserve(2, {"CPU": 1000.0}, "SPREAD", timeout_s=2)
     assert slots.held() == []
     assert set(_states("t-big").values()) == {"REMOVED"}
+
+
+def test_a_successor_removes_the_slots_a_dead_supervisor_left(connected):
+    from orchestrator.slots import Slots
+
+    old = Slots("t-left")
+    old.reserve(2, {"CPU": 1.0}, "PACK", timeout_s=30)  # its owner "dies": never closed
+    new = Slots("t-left")
+    assert new.remove_leftovers() == 2
+    assert set(_states("t-left-slot").values()) == {"REMOVED"}
+    new.reserve(2, {"CPU": 1.0}, "PACK", timeout_s=30)  # the room is back
+    try:
+        assert new.remove_leftovers() == 0  # its own slots are not leftovers
+    finally:
+        new.close()
