@@ -813,12 +813,7 @@ class JobSupervisor:
         """The newest step of which the adopted agents' memory holds every rank's shard
         (own stores or copies)."""
         self._poll_agents(wait_s=5.0)
-        merged: dict[int, set[int]] = defaultdict(set)
-        for per_node in (self.stored, self.replicas_held):
-            for held in per_node.values():
-                for r, steps in held.items():
-                    merged[int(r)].update(steps)
-        self.commit.reset(merged)
+        self.commit.reset(self._in_memory())
         step = self.commit.committed
         self.events.emit(
             "resume",
@@ -890,16 +885,24 @@ class JobSupervisor:
         self._trim()
         return True
 
-    def _complete_in_memory(self) -> set[int]:
-        """Steps of which every rank's shard is in some live node's memory."""
-        per_rank: dict[int, set[int]] = defaultdict(set)
-        for held in (self.stored, self.replicas_held):
-            for node, by_rank in held.items():
+    def _in_memory(self) -> dict[int, set[int]]:
+        """rank -> the steps of which some live node's memory holds a shard it can restore
+        (its own node's store or a copy; a rank added by a grow restores a peer's)."""
+        held_by_rank: dict[int, set[int]] = defaultdict(set)
+        for per_node in (self.stored, self.replicas_held):
+            for node, by_rank in per_node.items():
                 if node in self.lost_nodes:
                     continue
                 for r, steps in by_rank.items():
-                    per_rank[int(r)].update(steps)
-        sets = [per_rank.get(self.restore_rank.get(r, r), set()) for r in range(self.world)]
+                    held_by_rank[int(r)].update(steps)
+        for rank, source in self.restore_rank.items():
+            held_by_rank[rank] |= held_by_rank.get(source, set())
+        return held_by_rank
+
+    def _complete_in_memory(self) -> set[int]:
+        """Steps of which every rank's shard is in some live node's memory."""
+        held = self._in_memory()
+        sets = [held.get(r, set()) for r in range(self.world)]
         return set.intersection(*sets) if sets else set()
 
     def _persist_final(self) -> None:
@@ -1587,13 +1590,7 @@ class JobSupervisor:
         # 3. Roll back to the newest step with a complete set of shards: in memory (any
         # live copy: a node's own store or a peer's), else on durable storage.
         self._poll_agents(wait_s=2.0)
-        merged: dict[int, set[int]] = defaultdict(set)
-        for per_node in (self.stored, self.replicas_held):
-            for held in per_node.values():
-                for r, steps in held.items():
-                    merged[int(r)].update(steps)
-        for rank, source in self.restore_rank.items():
-            merged[rank] |= merged.get(source, set())  # a grown rank restores a peer's
+        merged = self._in_memory()
         if self.commit.world_size != self.world:
             self.commit = CommitTracker(self.world)
         self.commit.reset(merged)

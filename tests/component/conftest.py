@@ -140,3 +140,39 @@ def make_baseline(run, cache: dict[str, dict[str, Any]]):
 def baseline(run, _baselines):
     """The failure-free run of the same spec (cached per spec for the session)."""
     return make_baseline(run, _baselines)
+
+
+def events_of(result: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [e for e in result["events"] if e["type"] == kind]
+
+
+# --- a multi-node cluster per test module (tests/component/multinode.py) ---------------------
+
+
+@pytest.fixture(scope="module")
+def multinode():
+    from tests.component.multinode import MultiNode
+
+    mn = MultiNode()
+    try:
+        yield mn
+    finally:
+        mn.shutdown()
+
+
+@pytest.fixture(scope="module")
+def _multinode_clean_runs() -> dict[str, dict[str, Any]]:
+    return {}
+
+
+@pytest.fixture
+def mrun(multinode, tmp_path):
+    """Run a job spec dict on this module's multi-node cluster (3 worker nodes at least)."""
+    multinode.ensure_worker_nodes(3)
+    return make_runner(multinode.address, tmp_path)
+
+
+@pytest.fixture
+def mbaseline(mrun, _multinode_clean_runs):
+    """The failure-free run of a spec on this module's cluster (cached per spec)."""
+    return make_baseline(mrun, _multinode_clean_runs)

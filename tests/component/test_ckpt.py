@@ -16,49 +16,20 @@ import pytest
 import yaml
 
 from ckpt.durable import DurableStore
-from tests.component.conftest import REPO, make_baseline, make_runner, small_spec, stalwart_cli
-from tests.component.multinode import WORKER_NODE_CPUS, MultiNode
+from tests.component.conftest import REPO, events_of, small_spec, stalwart_cli
+from tests.component.multinode import WORKER_NODE_CPUS
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(420)]
 
 
-@pytest.fixture(scope="module")
-def multinode():
-    mn = MultiNode()
-    try:
-        yield mn
-    finally:
-        mn.shutdown()
-
-
-@pytest.fixture(scope="module")
-def _clean_runs():
-    return {}
-
-
-@pytest.fixture
-def crun(multinode, tmp_path):
-    multinode.ensure_worker_nodes(3)
-    return make_runner(multinode.address, tmp_path)
-
-
-@pytest.fixture
-def cbaseline(crun, _clean_runs):
-    return make_baseline(crun, _clean_runs)
-
-
-def events_of(result, kind):
-    return [e for e in result["events"] if e["type"] == kind]
-
-
-def test_kill_node_with_two_replicas_restores_from_peer_memory(crun, cbaseline):
+def test_kill_node_with_two_replicas_restores_from_peer_memory(mrun, mbaseline):
     every = 10
     spec = small_spec(
         steps=60,
         checkpoint={"every_steps": every, "replicas": 2},
         chaos__faults=[{"kind": "kill_node", "rank": 1, "at_step": 35}],
     )
-    result = crun(spec)
+    result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]
     [plan] = events_of(result, "replica_plan")[:1]
     assert plan["copies"] == 2
@@ -77,29 +48,29 @@ def test_kill_node_with_two_replicas_restores_from_peer_memory(crun, cbaseline):
         assert f["steps_redone"] <= every, f
     assert result["replication"]["copies"] == 2
     assert result["replication"]["errors"] == 0 or result["replication"]["sent_bytes"] > 0
-    assert result["model_digest"] == cbaseline(spec)["model_digest"]
+    assert result["model_digest"] == mbaseline(spec)["model_digest"]
 
 
-def test_one_replica_loses_the_node_shards_and_starts_over_exactly(crun, cbaseline):
+def test_one_replica_loses_the_node_shards_and_starts_over_exactly(mrun, mbaseline):
     spec = small_spec(
         steps=40,
         checkpoint={"every_steps": 1, "replicas": 1},
         chaos__faults=[{"kind": "kill_node", "rank": 1, "at_step": 15}],
     )
-    result = crun(spec)
+    result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]
     assert events_of(result, "replica_plan")[0]["copies"] == 1
     [scratch] = events_of(result, "restart_from_scratch")
     assert "checkpoint.replicas=1" in scratch["reason"]
     assert result["replication"]["sent_bytes"] == 0
-    assert result["model_digest"] == cbaseline(spec)["model_digest"]
+    assert result["model_digest"] == mbaseline(spec)["model_digest"]
 
 
-def test_commit_waits_for_the_copies_and_memory_stays_bounded(crun):
+def test_commit_waits_for_the_copies_and_memory_stays_bounded(mrun):
     """Per-step snapshots with replicas=2: the committed step follows training closely, and
     no node keeps more than the retained commits plus a few newest steps per rank."""
     spec = small_spec(steps=80, checkpoint={"every_steps": 1, "replicas": 2})
-    result = crun(spec)
+    result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]
     assert result["committed_step"] is not None and result["committed_step"] >= 70
     lags = [e["commit_lag_steps"] for e in events_of(result, "throughput")]
@@ -128,7 +99,7 @@ def _without_persist(spec):
 
 
 def test_kill_node_and_drop_replicas_restore_from_durable_storage(
-    multinode, crun, cbaseline, tmp_path
+    multinode, mrun, mbaseline, tmp_path
 ):
     # Ranks on two nodes (one replica group); a third node takes rank 0's replacement.
     uri = tmp_path / "durable"
@@ -144,7 +115,7 @@ def test_kill_node_and_drop_replicas_restore_from_durable_storage(
             {"kind": "kill_node", "rank": 0, "at_step": 55},
         ],
     )
-    result = crun(spec)
+    result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]
     persisted = [e["step"] for e in events_of(result, "persisted")]
     assert persisted and all(s % 10 == 0 for s in persisted), persisted
@@ -162,7 +133,7 @@ def test_kill_node_and_drop_replicas_restore_from_durable_storage(
     complete = [s for s in steps if (uri / spec["name"] / s / "manifest.json").exists()]
     assert len(complete) == 2, steps
     multinode.ensure_worker_nodes(3)  # the lost node's place, for the baseline's 2 ranks
-    assert result["model_digest"] == cbaseline(_without_persist(spec))["model_digest"]
+    assert result["model_digest"] == mbaseline(_without_persist(spec))["model_digest"]
 
 
 def _wait_for(path: Path, kind: str, ok, timeout_s: float) -> dict:
@@ -180,7 +151,7 @@ def _wait_for(path: Path, kind: str, ok, timeout_s: float) -> dict:
 
 
 def test_driver_sigkill_then_rerun_resumes_from_the_last_durable_step(
-    multinode, crun, cbaseline, tmp_path
+    multinode, mrun, mbaseline, tmp_path
 ):
     uri = tmp_path / "durable"
     spec = small_spec(
@@ -228,7 +199,7 @@ def test_driver_sigkill_then_rerun_resumes_from_the_last_durable_step(
     assert result["resumed_from"] == resume["step"]
     gen1 = next(e for e in _events(tmp_path / "second") if e["type"] == "generation")
     assert gen1["restore_step"] == resume["step"] and gen1["restore_tiers"] == {"durable": 4}
-    assert result["model_digest"] == cbaseline(_without_persist(spec))["model_digest"]
+    assert result["model_digest"] == mbaseline(_without_persist(spec))["model_digest"]
     # The same command again resumes from the newest checkpoint of the finished run.
     never = stalwart_cli(
         "run", str(job), "--output", str(tmp_path / "third"), "-o", "json", "--resume", "never",
@@ -242,14 +213,14 @@ def _events(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines() if x.strip()]
 
 
-def test_corrupt_and_partial_checkpoints_are_skipped_with_reasons(crun, cbaseline, tmp_path):
+def test_corrupt_and_partial_checkpoints_are_skipped_with_reasons(mrun, mbaseline, tmp_path):
     uri = tmp_path / "durable"
     spec = small_spec(
         name="corrupt-me",
         steps=45,
         checkpoint={"persist": {"uri": str(uri), "every_steps": 10, "keep_last": 3}},
     )
-    first = crun(spec)
+    first = mrun(spec)
     assert first["status"] == "succeeded", first["error"]
     root = uri / "corrupt-me"
     # keep_last=3 complete checkpoints: of the grid (10, 20, 30, 40: the newest may not have
@@ -260,7 +231,7 @@ def test_corrupt_and_partial_checkpoints_are_skipped_with_reasons(crun, cbaselin
     shard = root / f"step-{newest:012d}" / "rank-00001.safetensors"
     shard.write_bytes(shard.read_bytes()[:-100])  # truncated
     (root / f"step-{middle:012d}" / "manifest.json").unlink()  # a writer died before it
-    second = crun(spec)
+    second = mrun(spec)
     assert second["status"] == "succeeded", second["error"]
     skipped = {
         e["step"]: e["reason"] for e in second["events"] if e["type"] == "checkpoint_skipped"
@@ -269,10 +240,10 @@ def test_corrupt_and_partial_checkpoints_are_skipped_with_reasons(crun, cbaselin
     assert "rank 1" in skipped[newest] and "truncated" in skipped[newest]
     assert "manifest" in skipped[middle]
     assert second["resumed_from"] == oldest
-    assert second["model_digest"] == cbaseline(_without_persist(spec))["model_digest"]
+    assert second["model_digest"] == mbaseline(_without_persist(spec))["model_digest"]
 
 
-def test_storage_outage_training_goes_on_and_persistence_catches_up(crun, cbaseline, tmp_path):
+def test_storage_outage_training_goes_on_and_persistence_catches_up(mrun, mbaseline, tmp_path):
     uri = tmp_path / "durable"
     spec = small_spec(
         name="outage",
@@ -282,7 +253,7 @@ def test_storage_outage_training_goes_on_and_persistence_catches_up(crun, cbasel
         },
         chaos__faults=[{"kind": "storage_unavailable", "rank": 0, "at_step": 15, "seconds": 3}],
     )
-    result = crun(spec)
+    result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]
     types = [e["type"] for e in result["events"]]
     failed = [e for e in result["events"] if e["type"] == "persist_failed"]
@@ -301,17 +272,17 @@ def test_storage_outage_training_goes_on_and_persistence_catches_up(crun, cbasel
     assert newest is not None and newest.step == max(persisted)
     inside, _ = store.newest_valid(world_size=4, at_most=failed[0]["step"])
     assert inside is None or inside.step < failed[0]["step"]
-    assert result["model_digest"] == cbaseline(_without_persist(spec))["model_digest"]
+    assert result["model_digest"] == mbaseline(_without_persist(spec))["model_digest"]
 
 
-def test_kill_supervisor_the_job_goes_on_from_the_agents_memory(crun, cbaseline):
+def test_kill_supervisor_the_job_goes_on_from_the_agents_memory(mrun, mbaseline):
     spec = small_spec(
         name="headless",
         steps=80,
         checkpoint={"every_steps": 1, "replicas": 2},
         chaos__faults=[{"kind": "kill_supervisor", "rank": 0, "at_step": 30}],
     )
-    result = crun(spec)
+    result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]
     assert result["supervisor_restarts"] == 1
     [lost] = events_of(result, "supervisor_lost")
@@ -327,4 +298,4 @@ def test_kill_supervisor_the_job_goes_on_from_the_agents_memory(crun, cbaseline)
     assert set(first["restore_tiers"]) <= {"memory", "peer"}
     # The fault is not carried out again by the new supervisor's workers.
     assert result["steps_completed"] == 80
-    assert result["model_digest"] == cbaseline(spec)["model_digest"]
+    assert result["model_digest"] == mbaseline(spec)["model_digest"]

@@ -15,51 +15,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.component.conftest import SMALL, make_baseline, make_runner, small_spec, stalwart_cli
-from tests.component.multinode import WORKER_NODE_CPUS, MultiNode
+from tests.component.conftest import SMALL, events_of, small_spec, stalwart_cli
+from tests.component.multinode import WORKER_NODE_CPUS
 
 SMALL_MODEL = SMALL["config"]["model"]
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(420)]
 
 
-@pytest.fixture(scope="module")
-def multinode():
-    mn = MultiNode()
-    try:
-        yield mn
-    finally:
-        mn.shutdown()
-
-
-@pytest.fixture(scope="module")
-def _clean_runs():
-    return {}
-
-
-@pytest.fixture
-def hrun(multinode, tmp_path):
-    multinode.ensure_worker_nodes(3)
-    return make_runner(multinode.address, tmp_path)
-
-
-@pytest.fixture
-def hbaseline(hrun, _clean_runs):
-    """The failure-free run of a spec on this module's cluster (cached per spec)."""
-    return make_baseline(hrun, _clean_runs)
-
-
-def events_of(result, kind):
-    return [e for e in result["events"] if e["type"] == kind]
-
-
-def test_kill_node_detected_and_ranks_replaced_on_other_nodes(hrun, hbaseline):
+def test_kill_node_detected_and_ranks_replaced_on_other_nodes(mrun, mbaseline):
     spec = small_spec(
         steps=40,
         chaos__faults=[{"kind": "kill_node", "rank": 1, "at_step": 15}],
         failure__replacement_timeout_s=60,
     )
-    result = hrun(spec)
+    result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]
     [lost] = events_of(result, "node_lost")
     dead = lost["node"]
@@ -79,16 +49,16 @@ def test_kill_node_detected_and_ranks_replaced_on_other_nodes(hrun, hbaseline):
     gen2 = events_of(result, "generation")[1]
     assert set(map(int, gen2["restored_remotely"])) == set(lost["ranks"])
     assert set(gen2["restored_remotely"].values()) == {"peer"}
-    assert result["model_digest"] == hbaseline(spec)["model_digest"]
+    assert result["model_digest"] == mbaseline(spec)["model_digest"]
 
 
-def test_hang_detected_with_stacks_of_every_rank_and_recovered_exactly(hrun, hbaseline, tmp_path):
+def test_hang_detected_with_stacks_of_every_rank_and_recovered_exactly(mrun, mbaseline, tmp_path):
     spec = small_spec(
         steps=40,
         health__hang_timeout_s=4.0,
         chaos__faults=[{"kind": "hang", "rank": 2, "at_step": 15}],
     )
-    result = hrun(spec)
+    result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]
     [failure] = result["failures"]
     assert failure["kind"] == "hung" and failure["rank"] == 2 and failure["injected"]
@@ -102,7 +72,7 @@ def test_hang_detected_with_stacks_of_every_rank_and_recovered_exactly(hrun, hba
     assert "hang_forever" in hung
     waiting = Path(stacks["files"]["0"]).read_text()
     assert "Thread" in waiting and "hang_forever" not in waiting
-    assert result["model_digest"] == hbaseline(spec)["model_digest"]
+    assert result["model_digest"] == mbaseline(spec)["model_digest"]
 
 
 def _rates(result, generation, before_step=None):
@@ -121,7 +91,7 @@ HEAVIER = {
 }
 
 
-def test_slow_rank_replaced_by_a_spare_on_another_node(hrun):
+def test_slow_rank_replaced_by_a_spare_on_another_node(mrun):
     # Two ranks, one core each: on this two-core machine four ranks share the cores, and a
     # slow rank that sleeps gives its core to the others, hiding the slowdown in the step
     # time (a slow GPU would not). The detector sees it either way; throughput needs this.
@@ -137,7 +107,7 @@ def test_slow_rank_replaced_by_a_spare_on_another_node(hrun):
         health__straggler={"policy": "replace"},
         chaos__faults=[{"kind": "slow", "rank": 1, "at_step": onset, "factor": 3}],
     )
-    result = hrun(spec)
+    result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]
     [flag] = result["stragglers"]
     assert flag["rank"] == 1 and flag["action"] == "replace"
@@ -168,13 +138,13 @@ def test_slow_rank_replaced_by_a_spare_on_another_node(hrun):
     assert after > 1.5 * slow and after > 0.7 * before, (before, slow, after)
 
 
-def test_slow_rank_with_policy_alert_is_flagged_not_replaced(hrun):
+def test_slow_rank_with_policy_alert_is_flagged_not_replaced(mrun):
     spec = small_spec(
         steps=80,
         health__straggler={"policy": "alert"},
         chaos__faults=[{"kind": "slow", "rank": 3, "at_step": 20, "factor": 3}],
     )
-    result = hrun(spec)
+    result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]
     flags = result["stragglers"]
     assert flags and {(f["rank"], f["action"]) for f in flags} == {(3, "noop")}, flags
@@ -182,18 +152,18 @@ def test_slow_rank_with_policy_alert_is_flagged_not_replaced(hrun):
     assert result["cordoned"] == []
 
 
-def test_healthy_500_step_run_has_no_straggler_flags(hrun):
-    result = hrun(small_spec(steps=500))
+def test_healthy_500_step_run_has_no_straggler_flags(mrun):
+    result = mrun(small_spec(steps=500))
     assert result["status"] == "succeeded", result["error"]
     assert result["stragglers"] == []
     assert events_of(result, "straggler") == []
 
 
-def test_fatal_xid_cordons_the_node_and_moves_its_ranks(hrun, hbaseline):
+def test_fatal_xid_cordons_the_node_and_moves_its_ranks(mrun, mbaseline):
     spec = small_spec(
         steps=40, chaos__faults=[{"kind": "gpu_xid", "rank": 1, "xid": 79, "at_step": 15}]
     )
-    result = hrun(spec)
+    result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]
     [fatal] = events_of(result, "gpu_fatal")
     node = fatal["node"]
@@ -204,14 +174,14 @@ def test_fatal_xid_cordons_the_node_and_moves_its_ranks(hrun, hbaseline):
     assert sorted(f["rank"] for f in result["failures"]) == sorted(fatal["ranks"])
     [replaced] = events_of(result, "replaced")
     assert all(r["node"] != node for r in replaced["ranks"].values())
-    assert result["model_digest"] == hbaseline(spec)["model_digest"]
+    assert result["model_digest"] == mbaseline(spec)["model_digest"]
 
 
-def test_application_xid_restarts_the_rank_on_the_same_node(hrun, hbaseline):
+def test_application_xid_restarts_the_rank_on_the_same_node(mrun, mbaseline):
     spec = small_spec(
         steps=40, chaos__faults=[{"kind": "gpu_xid", "rank": 2, "xid": 13, "at_step": 15}]
     )
-    result = hrun(spec)
+    result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]
     [err] = events_of(result, "gpu_error")
     assert err["ranks"] == [2]
@@ -220,14 +190,14 @@ def test_application_xid_restarts_the_rank_on_the_same_node(hrun, hbaseline):
     assert result["cordoned"] == []
     [replaced] = events_of(result, "replaced")
     assert replaced["ranks"]["2"]["node"] == err["node"]
-    assert result["model_digest"] == hbaseline(spec)["model_digest"]
+    assert result["model_digest"] == mbaseline(spec)["model_digest"]
 
 
-def test_preflight_cordons_a_slow_node_before_training_starts(hrun, hbaseline):
+def test_preflight_cordons_a_slow_node_before_training_starts(mrun, mbaseline):
     spec = small_spec(
         steps=30, chaos__faults=[{"kind": "slow", "rank": 0, "at_step": 0, "factor": 8}]
     )
-    result = hrun(spec)
+    result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]
     checks = events_of(result, "preflight")
     assert len(checks) == 2  # all nodes, then the node the ranks moved to
@@ -242,7 +212,7 @@ def test_preflight_cordons_a_slow_node_before_training_starts(hrun, hbaseline):
     assert types.index("preflight_moved") < types.index("generation")
     assert checks[0]["seconds"] < 10
     assert result["failures"] == [] and result["generations"] == 1
-    assert result["model_digest"] == hbaseline(spec)["model_digest"]
+    assert result["model_digest"] == mbaseline(spec)["model_digest"]
 
 
 def _wait_for_event(out: Path, kind: str, timeout_s: float, since: int = 0) -> dict:
@@ -258,7 +228,7 @@ def _wait_for_event(out: Path, kind: str, timeout_s: float, since: int = 0) -> d
     raise AssertionError(f"no {kind!r} event within {timeout_s} s")
 
 
-def test_elastic_shrink_when_no_capacity_and_grow_back(multinode, tmp_path, hbaseline):
+def test_elastic_shrink_when_no_capacity_and_grow_back(multinode, tmp_path, mbaseline):
     """4 ranks, one per node (2 CPUs each); a node dies and no node has room: the job goes on
     with 3 ranks after failure.replacement_timeout_s, and grows back to 4 when a node joins.
     Exactness cannot hold across world sizes: the loss must stay on course."""
@@ -291,7 +261,7 @@ def test_elastic_shrink_when_no_capacity_and_grow_back(multinode, tmp_path, hbas
     assert result["status"] == "succeeded", result["error"]
     assert [(r["from"], r["to"]) for r in result["resizes"]] == [(4, 3), (3, 4)]
     assert result["workers"] == 4
-    clean = hbaseline(small_spec(workers=4, resources={"cpu": WORKER_NODE_CPUS}, steps=500))
+    clean = mbaseline(small_spec(workers=4, resources={"cpu": WORKER_NODE_CPUS}, steps=500))
     assert result["steps_completed"] == 500
     assert abs(result["final_loss"] - clean["final_loss"]) < 0.15 * clean["final_loss"], (
         result["final_loss"],

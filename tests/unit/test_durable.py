@@ -33,6 +33,7 @@ from ckpt.durable import (
     parse_uri,
 )
 from ckpt.snapshot import Snapshot, SnapshotBuffer, restore
+from tests.unit.test_snapshot import assert_same_tree
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -58,22 +59,6 @@ def make_snapshot(step: int, seed: int = 0, n: int = 64) -> tuple[Snapshot, dict
     state = make_state(step, seed, n)
     snap = SnapshotBuffer().capture(step, state)
     return Snapshot(snap.step, snap.skeleton, snap.metas, snap.payload.numpy().copy()), state
-
-
-def assert_same_tree(a, b) -> None:
-    assert type(a) is type(b), (type(a), type(b))
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            assert_same_tree(a[k], b[k])
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            assert_same_tree(x, y)
-    else:
-        assert a == b
 
 
 def write_step(store: DurableStore, step: int, world_size: int = 2, seed: int = 0) -> list:

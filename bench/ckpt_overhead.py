@@ -1,0 +1,384 @@
+#!/usr/bin/env python
+"""What checkpointing costs a training step, and what a restore costs, per tier.
+
+    python bench/ckpt_overhead.py [--sizes 25,250,1000] [--steps 14] [--workers 3]
+        [--out bench/results/ckpt_overhead.json]
+
+One multi-node Ray on this machine (ray.cluster_utils: a CPU-less head, one 1-CPU node per
+rank), one data-parallel job per measurement, all with the same model: an MLP whose
+parameters plus AdamW's two moments make about SIZE MB of state per rank, a batch sized so a
+step computes for about a second, one torch thread per rank.
+
+Step time (median of rank 0's steps after the first three) for:
+  none        no checkpoint after the start (checkpoint.every_steps > steps)
+  replicas=1  stalwart's in-memory snapshot every step, own node only
+  replicas=2  ... and a copy on a peer node        (the goal: <= 5 % over none at 250 MB)
+  replicas=3  ... and copies on two peers (needs 3 nodes: --workers 3)
+  torch.save  every rank torch.save()s model + optimizer to local disk every step
+Restore time (the `restore` phase of the recovery, from the job's event log):
+  memory      kill_worker: the replacement on the same node reads its own node's memory
+  peer        kill_node: the replacement reads a peer's copy (replicas=2)
+  durable     kill_node + drop_replicas of every peer: the shards come from
+              checkpoint.persist.uri (a local directory; the page cache is dropped first
+              when this process may, and the result says whether it could)
+Ratios are of figures measured in the same run. Sizes whose state would not fit this
+machine's memory with the replicas asked for are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+THIS = Path(__file__).resolve()
+REPO = THIS.parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+DEFAULT_OUT = REPO / "bench" / "results" / "ckpt_overhead.json"
+TARGET_STEP_S = 1.0
+WARMUP = 3
+
+
+# --- the workload (runs in the workers) -------------------------------------------------------
+
+
+def _mlp(state_mb: float, width: int):
+    import torch
+
+    # params + 2 Adam moments, float32: 12 bytes per parameter.
+    params = state_mb * 1e6 / 12
+    layers = max(1, round(params / (width * width)))
+    mods: list[Any] = []
+    for _ in range(layers):
+        mods += [torch.nn.Linear(width, width), torch.nn.GELU()]
+    return torch.nn.Sequential(*mods)
+
+
+def train_loop(ctx: Any) -> None:
+    import torch
+
+    cfg = ctx.config
+    width, batch = int(cfg["width"]), int(cfg["batch"])
+    model = ctx.prepare_model(_mlp(float(cfg["state_mb"]), width))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ctx.register(model=model, optimizer=optimizer)
+    save_dir = cfg.get("torch_save_dir")
+    times: list[float] = []
+    for step in ctx.steps():
+        t0 = time.perf_counter()
+        g = torch.Generator().manual_seed(step * 1000 + ctx.rank)
+        x = torch.randn(batch, width, generator=g)
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        if save_dir:
+            torch.save(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                os.path.join(save_dir, f"rank{ctx.rank}.pt"),
+            )
+        ctx.report(loss=loss.item())
+        times.append(time.perf_counter() - t0)
+    if ctx.rank == 0 and cfg.get("times_file"):
+        Path(cfg["times_file"]).write_text(json.dumps(times))
+
+
+# --- measurements ----------------------------------------------------------------------------
+
+
+def _spec(name: str, size: float, width: int, batch: int, steps: int, workers: int, **kw) -> dict:
+    spec = {
+        "name": name,
+        "entrypoint": "bench.ckpt_overhead:train_loop",
+        "workers": workers,
+        "resources": {"cpu": 1},
+        "placement": "SPREAD",
+        "steps": steps,
+        "seed": 1,
+        "checkpoint": {"every_steps": 1, "replicas": 1},
+        "failure": {"max_restarts": 3, "replacement_timeout_s": 120},
+        "health": {"hang_timeout_s": 600, "straggler": {"policy": "none"}},
+        "config": {"state_mb": size, "width": width, "batch": batch},
+        "chaos": {"faults": []},
+    }
+    for key, value in kw.items():
+        node = spec
+        *parents, leaf = key.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return spec
+
+
+def _run(address: str, spec: dict, out: Path) -> dict:
+    from orchestrator.driver import RunOptions, run_job
+    from orchestrator.spec import validate
+
+    result = run_job(validate(spec), RunOptions(address=address, output=out, base_dir=str(REPO)))
+    result["events"] = [
+        json.loads(x) for x in (out / "events.jsonl").read_text().splitlines() if x.strip()
+    ]
+    if result["status"] != "succeeded":
+        raise RuntimeError(f"{spec['name']}: {result['status']}: {result.get('error')}")
+    return result
+
+
+def _median_step(times_file: Path) -> float:
+    times = json.loads(times_file.read_text())
+    return statistics.median(times[WARMUP:] if len(times) > WARMUP + 2 else times)
+
+
+def _calibrate(width: int, size: float) -> int:
+    """A batch for which one step computes for about TARGET_STEP_S on one thread here."""
+    import torch
+
+    torch.set_num_threads(1)
+    model = _mlp(size, width)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = 8
+    while True:
+        x = torch.randn(batch, width)
+        t0 = time.perf_counter()
+        for _ in range(2):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+        took = (time.perf_counter() - t0) / 2
+        if took >= TARGET_STEP_S / 3 or batch >= 8192:
+            return max(1, int(batch * TARGET_STEP_S / took))
+        batch *= 2
+
+
+def _drop_page_cache() -> bool:
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def _restore_s(result: dict) -> dict:
+    [rec] = [e for e in result["events"] if e["type"] == "recovered"]
+    return {
+        "restore_s": rec["phases_s"].get("restore"),
+        "tiers": rec.get("restore_tiers"),
+        "recovered_after_s": rec["recovered_after_s"],
+    }
+
+
+def measure_size(address: str, cluster: Any, size: float, args: argparse.Namespace, work: Path):
+    width = 1024
+    batch = _calibrate(width, size)
+    steps, workers = args.steps, args.workers
+    out: dict[str, Any] = {"state_mb": size, "batch": batch, "width": width, "step_s": {}}
+    mem_gb = _available_gb()
+    replicas = [r for r in (1, 2, 3) if r <= workers]
+    # Each node keeps about 4 steps of its own ranks' state and 3 of each peer copy.
+    fits = {r: (4 + 3 * (r - 1)) * size * workers / 1000 < 0.6 * mem_gb for r in replicas}
+    for label, kw in [
+        ("none", {"checkpoint__every_steps": steps + 100}),
+        *[(f"replicas={r}", {"checkpoint__replicas": r}) for r in replicas if fits[r]],
+        ("torch.save", {"checkpoint__every_steps": steps + 100}),
+    ]:
+        times = work / f"{size}-{label}.json"
+        cfg = {"state_mb": size, "width": width, "batch": batch, "times_file": str(times)}
+        if label == "torch.save":
+            save_dir = work / f"save-{size}"
+            save_dir.mkdir(exist_ok=True)
+            cfg["torch_save_dir"] = str(save_dir)
+        spec = _spec(
+            f"ck-{label.replace('=', '').replace('.', '')}",
+            size,
+            width,
+            batch,
+            steps,
+            workers,
+            config=cfg,
+            **kw,
+        )
+        _ensure_nodes(cluster, workers + 1)
+        _run(address, spec, work / f"run-{size}-{label}")
+        out["step_s"][label] = _median_step(times)
+        print(f"  {size:g} MB {label:12s} {out['step_s'][label]:.3f} s/step", flush=True)
+    skipped = [f"replicas={r}" for r in replicas if not fits[r]]
+    if skipped:
+        out["skipped"] = f"{', '.join(skipped)}: would not fit {mem_gb:.0f} GB of memory"
+    # Restores.
+    base = {
+        "checkpoint__every_steps": 1,
+        "config": {"state_mb": size, "width": width, "batch": batch},
+    }
+    out["restore"] = {}
+    kill = 6
+    _ensure_nodes(cluster, workers + 1)
+    res = _run(
+        address,
+        _spec(
+            "ck-rmem",
+            size,
+            width,
+            batch,
+            kill + 3,
+            workers,
+            **base,
+            chaos__faults=[{"kind": "kill_worker", "rank": 1, "at_step": kill}],
+        ),
+        work / f"restore-{size}-memory",
+    )
+    out["restore"]["memory"] = _restore_s(res)
+    if fits.get(2):
+        _ensure_nodes(cluster, workers + 1)
+        res = _run(
+            address,
+            _spec(
+                "ck-rpeer",
+                size,
+                width,
+                batch,
+                kill + 3,
+                workers,
+                **base,
+                checkpoint__replicas=2,
+                chaos__faults=[{"kind": "kill_node", "rank": 1, "at_step": kill}],
+            ),
+            work / f"restore-{size}-peer",
+        )
+        out["restore"]["peer"] = _restore_s(res)
+    uri = work / f"durable-{size}"
+    faults = [{"kind": "kill_node", "rank": 1, "at_step": kill}]
+    faults += [
+        {"kind": "drop_replicas", "rank": r, "at_step": kill} for r in range(workers) if r != 1
+    ]
+    _ensure_nodes(cluster, workers + 1)
+    dropped = _drop_page_cache()
+    res = _run(
+        address,
+        _spec(
+            "ck-rdur",
+            size,
+            width,
+            batch,
+            kill + 3,
+            workers,
+            **base,
+            checkpoint__replicas=min(2, workers),
+            checkpoint__persist={"uri": str(uri), "every_steps": 2, "keep_last": 2},
+            chaos__faults=faults,
+        ),
+        work / f"restore-{size}-durable",
+    )
+    out["restore"]["durable"] = _restore_s(res) | {"page_cache_dropped": dropped}
+    for tier, r in out["restore"].items():
+        print(f"  {size:g} MB restore from {tier:8s} {r['restore_s']}", flush=True)
+    return out
+
+
+def _available_gb() -> float:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1e6
+    return 8.0
+
+
+def _ensure_nodes(cluster: Any, n: int) -> None:
+    for node in list(cluster.worker_nodes):
+        if not all(p.process.poll() is None for p in node.all_processes["raylet"]):
+            cluster.remove_node(node, allow_graceful=False)
+    while len(cluster.worker_nodes) < n:
+        cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+
+
+def ratios(sizes: list[dict]) -> list[dict]:
+    rows = []
+    for s in sizes:
+        base = s["step_s"].get("none")
+        row: dict[str, Any] = {"state_mb": s["state_mb"]}
+        for label, t in s["step_s"].items():
+            if label != "none" and base:
+                row[f"{label} overhead"] = round(t / base - 1, 4)
+        peer = (s["restore"].get("peer") or {}).get("restore_s")
+        dur = (s["restore"].get("durable") or {}).get("restore_s")
+        if peer and dur:
+            row["durable/peer restore"] = round(dur / peer, 2)
+        rows.append(row)
+    return rows
+
+
+def _cell(value: float | None) -> str:
+    return f"{value:7.3f}" if value is not None else "      -"
+
+
+def render(res: dict) -> str:
+    head = "state MB   step s: none   repl=1   repl=2   repl=3  torch.save"
+    lines = ["", head + "   restore s: memory    peer  durable"]
+    labels = ["none", "replicas=1", "replicas=2", "replicas=3", "torch.save"]
+    for s in res["sizes"]:
+        steps = " ".join(_cell(s["step_s"].get(k)) for k in labels)
+        restores = " ".join(
+            _cell((s["restore"].get(t) or {}).get("restore_s"))
+            for t in ("memory", "peer", "durable")
+        )
+        lines.append(f"{s['state_mb']:>8g}  {steps}             {restores}")
+    lines.append("")
+    for row in res["ratios"]:
+        parts = [
+            f"{k} {v:+.1%}" if "overhead" in k else f"{k} {v:.1f}x"
+            for k, v in row.items()
+            if k != "state_mb"
+        ]
+        lines.append(f"{row['state_mb']:g} MB: " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="25,250,1000", help="state per rank, MB")
+    ap.add_argument("--steps", type=int, default=14)
+    ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    args = ap.parse_args(argv)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import ray
+    from ray.cluster_utils import Cluster
+
+    head = {"num_cpus": 0, "include_dashboard": False}
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args=head)
+    res: dict[str, Any] = {"machine": f"{os.cpu_count()} cores", "args": vars(args), "sizes": []}
+    try:
+        with tempfile.TemporaryDirectory(prefix="ckpt-bench-") as tmp:
+            for size in [float(x) for x in args.sizes.split(",")]:
+                print(f"state {size:g} MB per rank", flush=True)
+                try:
+                    res["sizes"].append(
+                        measure_size(cluster.address, cluster, size, args, Path(tmp))
+                    )
+                except (RuntimeError, MemoryError) as e:
+                    res["sizes"].append(
+                        {"state_mb": size, "error": str(e)[:500], "step_s": {}, "restore": {}}
+                    )
+                    print(f"  {size:g} MB failed: {e}", flush=True)
+    finally:
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        cluster.shutdown()
+    res["ratios"] = ratios([s for s in res["sizes"] if "error" not in s])
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+    print(render(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
