@@ -213,6 +213,13 @@ def measure_size(address: str, cluster: Any, size: float, args: argparse.Namespa
     skipped = [f"replicas={r}" for r in replicas if not fits[r]]
     if skipped:
         out["skipped"] = f"{', '.join(skipped)}: would not fit {mem_gb:.0f} GB of memory"
+    if not fits.get(1):
+        out["restore"] = {}
+        out["skipped"] = (
+            f"{out.get('skipped', '')}; restores: {size:g} MB x {workers} ranks held in "
+            f"memory would not fit {mem_gb:.0f} GB"
+        ).lstrip("; ")
+        return out
     # Restores.
     base = {
         "checkpoint__every_steps": 1,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -164,7 +165,11 @@ class _SkeletonUnpickler(pickle.Unpickler):
 def restore(snapshot: Snapshot, device: torch.device | str = "cpu") -> Any:
     """Rebuild the nested state with fresh tensors (copies, safe to keep)."""
     skeleton = _SkeletonUnpickler(io.BytesIO(snapshot.skeleton)).load()
-    raw = torch.as_tensor(_as_numpy(snapshot.payload))
+    with warnings.catch_warnings():
+        # A payload read from Ray's object store is read-only; every tensor below is a
+        # clone, so nothing writes through this view.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        raw = torch.as_tensor(_as_numpy(snapshot.payload))
     tensors = []
     for m in snapshot.metas:
         dtype = getattr(torch, m.dtype)
