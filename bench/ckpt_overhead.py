@@ -183,8 +183,7 @@ def measure_size(address: str, cluster: Any, size: float, args: argparse.Namespa
     out: dict[str, Any] = {"state_mb": size, "batch": batch, "width": width, "step_s": {}}
     mem_gb = _available_gb()
     replicas = [r for r in (1, 2, 3) if r <= workers]
-    # Each node keeps about 4 steps of its own ranks' state and 3 of each peer copy.
-    fits = {r: (4 + 3 * (r - 1)) * size * workers / 1000 < 0.6 * mem_gb for r in replicas}
+    fits = {r: _need_gb(size, workers, r) < 0.6 * mem_gb for r in replicas}
     for label, kw in [
         ("none", {"checkpoint__every_steps": steps + 100}),
         *[(f"replicas={r}", {"checkpoint__replicas": r}) for r in replicas if fits[r]],
@@ -288,6 +287,17 @@ def measure_size(address: str, cluster: Any, size: float, args: argparse.Namespa
     for tier, r in out["restore"].items():
         print(f"  {size:g} MB restore from {tier:8s} {r['restore_s']}", flush=True)
     return out
+
+
+def _need_gb(size_mb: float, workers: int, replicas: int) -> float:
+    """Memory a run takes, from the 250 MB run that ran out (21 GB): per rank the model,
+    gradients, optimizer and two snapshot buffers (~3.5x the state), ~4 steps of its own
+    shards, and ~3 steps of every copy its node keeps (with one rank per node and fewer
+    than 2 x replicas nodes, one group: every node keeps every other node's shards); then
+    1.5x for objects in flight in Ray's object stores."""
+    copies_per_node = 0 if replicas <= 1 else workers - 1
+    per_rank = size_mb / 1000 * (3.5 + 4 + 3 * copies_per_node)
+    return 1.5 * workers * per_rank
 
 
 def _available_gb() -> float:
