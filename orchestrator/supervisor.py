@@ -765,14 +765,14 @@ class JobSupervisor:
 
     # --- durable tier ------------------------------------------------------------------------
 
-    def _durable_restore_point(self, at_most: int | None = None) -> Manifest | None:
+    def _durable_restore_point(self) -> Manifest | None:
         """The newest durable checkpoint of this job and world size that verifies (every
         shard's size and sha256); each newer one skipped is reported with its reason."""
         if self.persister is None:
             return None
         store = self.persister.store
         try:
-            manifest, skipped = store.newest_valid(self.world, at_most=at_most)
+            manifest, skipped = store.newest_valid(self.world)
         except DurableError as e:
             self.events.emit("durable_unavailable", reason=f"{store.describe()}: {e}")
             return None
@@ -951,7 +951,8 @@ class JobSupervisor:
         ):
             self._poll_agents()
             self._detect()
-        self._maybe_persist()
+            # What memory holds changes only with a poll: so does what can be persisted.
+            self._maybe_persist()
         if self.pending:
             self._handle_failures()
         elif len(self.finished) == len(self.workers) and not self.futures:
