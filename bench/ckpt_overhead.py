@@ -110,12 +110,10 @@ def _spec(name: str, size: float, width: int, batch: int, steps: int, workers: i
         "config": {"state_mb": size, "width": width, "batch": batch},
         "chaos": {"faults": []},
     }
+    from orchestrator.spec import set_path
+
     for key, value in kw.items():
-        node = spec
-        *parents, leaf = key.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
+        set_path(spec, key.split("__"), value)
     return spec
 
 

@@ -445,21 +445,25 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+def set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
+    """data[path[0]][path[1]]... = value, creating the mappings on the way."""
+    node = data
+    for i, part in enumerate(path[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise SpecError(
+                "--set",
+                [f"{'.'.join(path[: i + 1])}: is not a mapping, cannot set {'.'.join(path)}"],
+            )
+        node = child
+    node[path[-1]] = value
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for text in overrides:
-        path, value = parse_override(text)
-        node = data
-        for i, part in enumerate(path[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise SpecError(
-                    "--set",
-                    [f"{'.'.join(path[: i + 1])}: is not a mapping, cannot set {'.'.join(path)}"],
-                )
-            node = child
-        node[path[-1]] = value
+        set_path(data, *parse_override(text))
     return data
 
 

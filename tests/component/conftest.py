@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from orchestrator.driver import RunOptions, run_job
-from orchestrator.spec import validate
+from orchestrator.spec import set_path, validate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,11 +46,7 @@ SMALL = {
 def small_spec(**changes: Any) -> dict[str, Any]:
     spec = copy.deepcopy(SMALL)
     for dotted, value in changes.items():
-        node = spec
-        *parents, leaf = dotted.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
+        set_path(spec, dotted.split("__"), value)
     return spec
 
 
