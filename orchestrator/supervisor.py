@@ -54,6 +54,7 @@ from orchestrator.worker import TrainWorker
 log = logging.getLogger(__name__)
 
 RAY_NODES_CHECK_S = 1.0  # how often Ray's node table is read
+FINAL_REPLICATION_S = 10.0  # a finished job waits this long for its last step's copies
 FINAL_PERSIST_TIMEOUT_S = 300.0  # a finished job waits this long for its last checkpoint
 AGENT_PREFIX = "stalwart-agent-"
 REPLICATE_PER_S = 4.0  # copies to peers at most this often (thinned to a grid of steps)
@@ -904,6 +905,25 @@ class JobSupervisor:
         held = self._in_memory()
         sets = [held.get(r, set()) for r in range(self.world)]
         return set.intersection(*sets) if sets else set()
+
+    def _replicate_final(self) -> None:
+        """At the end of a job the last step's copies too: the thinned grid of copies may
+        have skipped it, and the job's end state should be as safe as the rest."""
+        if self.copies <= 1 or not self.workers:
+            return
+        own: dict[int, set[int]] = defaultdict(set)
+        for held in self.stored.values():
+            for r, steps in held.items():
+                own[int(r)].update(steps)
+        complete = set.intersection(*(own.get(r, set()) for r in self.workers))
+        if not complete:
+            return
+        newest = max(complete)
+        for node in self._plan_nodes:
+            self.agents[node].replicate.remote(newest)
+        deadline = time.monotonic() + FINAL_REPLICATION_S
+        while (self.commit.committed or -1) < newest and time.monotonic() < deadline:
+            self._poll_agents(wait_s=0.5)
 
     def _persist_final(self) -> None:
         """At the end of a job, the newest step all ranks hold goes to storage too (after
@@ -1883,6 +1903,7 @@ class JobSupervisor:
             self._set(JobState.FAILED, self.error["message"])
             return
         self._poll_agents(wait_s=2.0)
+        self._replicate_final()
         self._persist_final()
         self._set(JobState.SUCCEEDED, f"all {self.world} ranks finished {self.spec.steps} steps")
 
