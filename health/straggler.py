@@ -30,6 +30,7 @@ class StragglerConfig:
     window_steps: int = 5
     consecutive_windows: int = 2
     min_excess_s: float = 0.005
+    warmup_steps: int = 0  # steps of each generation not judged (the monitor applies it)
 
     @property
     def span(self) -> int:

@@ -35,7 +35,7 @@ class HealthMonitor:
         self.cfg = health
         s = health.straggler
         self.straggler_cfg = StragglerConfig(
-            s.threshold, s.window_steps, s.consecutive_windows, s.min_excess_s
+            s.threshold, s.window_steps, s.consecutive_windows, s.min_excess_s, s.warmup_steps
         )
         self.nodes: dict[str, NodeView] = {}
         self.ranks: dict[int, _Rank] = {}
@@ -50,6 +50,7 @@ class HealthMonitor:
         self._verdict: tuple[StragglerReport, str] = (StragglerReport(), "no steps yet")
         self.flagged_since: dict[int, int] = {}  # rank -> first step its flag rests on
         self._calm: dict[int, int] = {}  # flagged rank -> evaluated steps since its last flag
+        self._judge_from: int | None = None  # the generation's first step + warm-up
 
     # --- nodes ------------------------------------------------------------------------------
 
@@ -90,6 +91,7 @@ class HealthMonitor:
         self._verdict: tuple[StragglerReport, str] = (StragglerReport(), "no steps yet")
         self.flagged_since: dict[int, int] = {}  # rank -> first step its flag rests on
         self._calm: dict[int, int] = {}  # flagged rank -> evaluated steps since its last flag
+        self._judge_from = None
 
     def beat(self, rank: int, beat: dict[str, Any]) -> None:
         r = self.ranks.get(rank)
@@ -101,7 +103,12 @@ class HealthMonitor:
         r.collective_since = beat.get("collective_since")
         r.gpu_index = beat.get("gpu_index")
         h, w = self.history[rank], self.wall[rank]
-        for step, compute, wall in beat.get("recent", ()):
+        recent = beat.get("recent", ())
+        if recent and self._judge_from is None:
+            # The generation's first step (every rank starts at the same one) opens the
+            # warm-up; its steps are recorded but not judged.
+            self._judge_from = min(s for s, _, _ in recent) + self.straggler_cfg.warmup_steps
+        for step, compute, wall in recent:
             h[step], w[step] = compute, wall
         keep = 4 * self.straggler_cfg.span
         if len(h) > keep:
@@ -132,10 +139,17 @@ class HealthMonitor:
         if len(self.history) < 2:
             return StragglerReport(), "fewer than two ranks: nothing to compare"
         common = sorted(set.intersection(*(set(h) for h in self.history.values())))
+        if self._judge_from is not None:
+            common = [t for t in common if t >= self._judge_from]
         fresh = [
             t for t in common if self._evaluated_through is None or t > self._evaluated_through
         ]
         if not fresh:
+            if self._evaluated_through is None and self._judge_from is not None:
+                return StragglerReport(), (
+                    f"warm-up: steps before {self._judge_from} are not judged "
+                    f"(health.straggler.warmup_steps={self.straggler_cfg.warmup_steps})"
+                )
             return self._verdict
         span = self.straggler_cfg.span
         # A backlog (a slow call, a report carrying many steps) is judged over its newest two

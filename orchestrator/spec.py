@@ -170,8 +170,8 @@ class StragglerSpec(_Model):
     window_steps: int = Field(
         5,
         ge=1,
-        description="steps per window; a rank's window score "
-        "is its median compute time over the window",
+        description="steps per window; a rank's window score is its best (shortest) "
+        "compute time in the window over the other ranks' median best",
     )
     consecutive_windows: int = Field(
         2, ge=1, description="flag only after this many consecutive slow windows"
@@ -180,6 +180,13 @@ class StragglerSpec(_Model):
         0.005,
         ge=0,
         description="ignore differences smaller than this many seconds per step (timer noise)",
+    )
+    warmup_steps: int = Field(
+        10,
+        ge=0,
+        description="steps at the start of each generation (a start, a restart, a resize) "
+        "that are not judged: lazy initialisation, allocator warm-up, the first checkpoint "
+        "copies and processes still starting on the same machine make them uneven",
     )
 
 

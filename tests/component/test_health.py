@@ -141,6 +141,9 @@ def test_slow_rank_replaced_by_a_spare_on_another_node(mrun):
 def test_slow_rank_with_policy_alert_is_flagged_not_replaced(mrun):
     spec = small_spec(
         steps=80,
+        # Compute, not a busy two-core machine's scheduling, should dominate a step here.
+        config__batch_size=HEAVIER["batch_size"],
+        config__model=HEAVIER["model"],
         health__straggler={"policy": "alert"},
         chaos__faults=[{"kind": "slow", "rank": 3, "at_step": 20, "factor": 3}],
     )

@@ -18,6 +18,11 @@ SLOW_S = 0.06  # a straggler's: 3x, well over threshold 2.0 and min_excess_s
 
 
 def monitor(**health: Any) -> HealthMonitor:
+    """A monitor without the straggler warm-up unless a test sets one: most tests here are
+    about the verdict's steps, and a warm-up would shift them all."""
+    s = health.get("straggler", StragglerSpec())
+    if "warmup_steps" not in s.model_fields_set:
+        health["straggler"] = s.model_copy(update={"warmup_steps": 0})
     return HealthMonitor(HealthSpec(**health))
 
 
@@ -391,6 +396,35 @@ def test_verdict_at_the_first_supporting_step_when_one_beat_brings_many_steps(cl
     assert report.flagged == (1,)
     assert report.through_step == 19
     assert m.flagged_since == {1: 9}
+
+
+def test_the_warm_up_of_each_generation_is_not_judged(clock):
+    # Rank 1 is slow in the first 10 steps only (a process still starting beside it): the
+    # default warm-up (10 steps) hides them; it is not flagged.
+    m = monitor(straggler=StragglerSpec(warmup_steps=10))
+    two_ranks(m, clock())
+    feed(m, range(10), clock.now + 1, slow={1: SLOW_S})
+    report, reason = m.stragglers()
+    assert report == StragglerReport()
+    assert reason == "warm-up: steps before 10 are not judged (health.straggler.warmup_steps=10)"
+    feed(m, range(10, 30), clock.now + 2)
+    report, _ = m.stragglers()
+    assert report.flagged == () and report.through_step == 29 and m.flagged_since == {}
+    # A straggler after the warm-up is found as usual, at the first step that supports it.
+    feed(m, range(30, 40), clock.now + 3, slow={1: SLOW_S})
+    assert m.stragglers()[0].flagged == (1,) and m.flagged_since == {1: 39}
+    # A new generation (here restored at step 35) has a warm-up of its own.
+    two_ranks(m, clock.now + 4)
+    feed(m, range(35, 45), clock.now + 5, slow={1: SLOW_S})
+    report, reason = m.stragglers()
+    assert report.flagged == () and reason.startswith("warm-up: steps before 45 ")
+    feed(m, range(45, 55), clock.now + 6, slow={1: SLOW_S})
+    assert m.stragglers()[0].flagged == (1,) and m.flagged_since == {1: 54}
+
+
+def test_warm_up_is_on_by_default():
+    assert HealthSpec().straggler.warmup_steps == 10
+    assert HealthMonitor(HealthSpec()).straggler_cfg.warmup_steps == 10
 
 
 def test_only_steps_every_rank_reported_are_judged(clock):
