@@ -13,17 +13,31 @@ the current generation's group. The hook reduces all gradients as one flat buffe
 model's parameter order, so the floating-point summation order does not depend on DDP's
 bucket layout, which differs between a fresh DDP and one that has rebuilt its buckets.
 That keeps recovery bit-exact; the price is no overlap of communication with backward.
+
+Each generation's group is also installed as torch.distributed's default group, so code that
+takes a ``process_group`` or calls ``torch.distributed`` directly (ZeroRedundancyOptimizer,
+a user's own ``dist.broadcast``) works on the current generation. Those collectives are not
+abortable: they fail at once when a peer process dies (its sockets close), and a rank stuck
+in one past ``failure.abort_timeout_s`` is stopped and replaced. The previous generation's
+group leaves torch's registry without ``shutdown()`` (that would join its possibly blocked
+threads). This uses two private torch.distributed helpers (``_register_pg_in_world``,
+``_cleanup_process_group_global_state``; torch is pinned, and tests/unit/test_collective_world.py
+fails on an upgrade that changes them).
 """
 
 from __future__ import annotations
 
 import datetime
+import itertools
 import threading
 import time
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+_names = itertools.count()
 
 
 class GroupAborted(RuntimeError):
@@ -61,10 +75,10 @@ def _wrap_backend(
     return pg, be
 
 
-def local_group() -> dist.ProcessGroup:
+def local_group(store: dist.Store | None = None) -> dist.ProcessGroup:
     """A one-rank gloo group on an in-process store, for building DDP without peers."""
     pg, _ = _wrap_backend(
-        dist.HashStore(),
+        store or dist.HashStore(),
         0,
         1,
         "gloo",
@@ -73,6 +87,45 @@ def local_group() -> dist.ProcessGroup:
         hostname="127.0.0.1",
     )
     return pg
+
+
+_solo: dist.ProcessGroup | None = None
+
+
+def solo_group() -> dist.ProcessGroup:
+    """A one-rank job's process group (installed as the default group once per process)."""
+    global _solo
+    if _solo is None:
+        store = dist.HashStore()
+        _solo = local_group(store)
+        install_default_group(_solo, store, "gloo", torch.device("cpu"))
+    return _solo
+
+
+def install_default_group(pg: dist.ProcessGroup, store, backend: str, device: torch.device) -> None:
+    """Make `pg` torch.distributed's default (WORLD) group, replacing any earlier one."""
+    previous = c10d._world.default_pg
+    if previous is not None:
+        forget_group(previous)
+    name = f"stalwart-{next(_names)}"
+    pg._set_group_name(name)
+    c10d._register_pg_in_world(
+        pg,
+        backend_name=backend,
+        store=store,
+        group_name=name,
+        backend_config=f"{device.type}:{backend}",
+        rank_mapping={i: i for i in range(pg.size())},
+        add_to_default_tag=True,
+    )
+    c10d._update_default_pg(pg)
+
+
+def forget_group(pg: dist.ProcessGroup) -> None:
+    """Take `pg` out of torch.distributed's registry without shutting it down."""
+    c10d._cleanup_process_group_global_state(pg)
+    if c10d._world.default_pg is pg:
+        c10d._update_default_pg(None)
 
 
 class ElasticGroup:
@@ -114,6 +167,7 @@ class ElasticGroup:
         with self._lock:
             if self._pg is not None:
                 self._graveyard.append((self._pg, self._backend))
+            install_default_group(pg, store, backend, device)
             self._pg, self._backend = pg, be
             self.rank, self.world_size, self.generation = rank, world_size, generation
             self.backend = backend
@@ -135,6 +189,11 @@ class ElasticGroup:
     @property
     def aborted(self) -> str | None:
         return self._aborted
+
+    @property
+    def process_group(self) -> dist.ProcessGroup:
+        """This generation's torch ProcessGroup (also torch.distributed's default group)."""
+        return self._group()
 
     def _track(self, work: dist.Work, result: Callable[[], object]) -> torch.futures.Future:
         out: torch.futures.Future = torch.futures.Future()

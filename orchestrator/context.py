@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from ckpt.pipeline import SnapshotPipeline
+from ckpt.sharded import rank_local_view
 from ckpt.snapshot import Snapshot, restore, state_digest
-from orchestrator.collective import ElasticGroup, GroupAborted, make_ddp
+from orchestrator.collective import ElasticGroup, GroupAborted, make_ddp, solo_group
 
 RECENT_STEPS = 32
 
@@ -176,14 +177,30 @@ class TrainContext:
     # --- the user's API ---------------------------------------------------------------------
 
     def register(self, **objects: Any) -> None:
-        """Objects whose state_dict()/load_state_dict() make up this rank's checkpoint."""
+        """Objects whose state_dict()/load_state_dict() make up this rank's checkpoint.
+
+        A sharded optimizer (ZeroRedundancyOptimizer) is checkpointed as this rank's shard
+        only, and restored only into the same rank of the same world (ckpt/sharded.py)."""
         for name, obj in objects.items():
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise TypeError(
                     f"ctx.register({name}=...): needs state_dict() and load_state_dict(), "
                     f"got {type(obj).__name__}"
                 )
-            self._objects[name] = obj
+            self._objects[name] = rank_local_view(obj)
+
+    @property
+    def process_group(self) -> torch.distributed.ProcessGroup:
+        """This generation's torch ProcessGroup (also torch.distributed's default group), for
+        libraries that take one, e.g.
+        ``ZeroRedundancyOptimizer(params, optimizer_class=AdamW, process_group=ctx.process_group)``.
+        Build what holds it inside the train loop: a recovery brings a new group and calls
+        the loop again. Collectives issued on it directly are not released by a recovery's
+        abort (they fail when a peer dies; a rank stuck in one is replaced after
+        failure.abort_timeout_s); ctx.all_reduce and prepare_model's gradients are."""
+        if not self.distributed:
+            return solo_group()
+        return self.group.process_group
 
     def prepare_model(self, module: torch.nn.Module, **ddp_kwargs: Any) -> torch.nn.Module:
         """Move `module` to ctx.device and wrap it for data parallelism over the job's group.

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from ckpt.durable import DurableStore
+from ckpt.snapshot import restore
 from tests.component.conftest import REPO, events_of, small_spec, stalwart_cli
 from tests.component.multinode import WORKER_NODE_CPUS
 
@@ -302,3 +303,48 @@ def test_kill_supervisor_the_job_goes_on_from_the_agents_memory(mrun, mbaseline)
     # The fault is not carried out again by the new supervisor's workers.
     assert result["steps_completed"] == 80
     assert result["model_digest"] == mbaseline(spec)["model_digest"]
+
+
+def test_sharded_optimizer_kill_node_restores_each_ranks_own_shard_exactly(
+    mrun, mbaseline, tmp_path
+):
+    # ZeroRedundancyOptimizer (ZeRO-1): each rank holds AdamW's moments for its own
+    # partition of the parameters only, so the four ranks checkpoint different state.
+    uri = tmp_path / "durable"
+    spec = small_spec(
+        name="zero",
+        entrypoint="examples.gpt.train_zero:train_loop",
+        steps=60,
+        checkpoint={
+            "every_steps": 10,
+            "replicas": 2,
+            "persist": {"uri": str(uri), "every_steps": 20, "keep_last": 5},
+        },
+        chaos__faults=[{"kind": "kill_node", "rank": 1, "at_step": 37}],
+    )
+    result = mrun(spec)
+    assert result["status"] == "succeeded", result["error"]
+    [lost] = events_of(result, "node_lost")
+    gen2 = events_of(result, "generation")[1]
+    assert set(map(int, gen2["restored_remotely"])) == set(lost["ranks"])
+    assert set(gen2["restored_remotely"].values()) == {"peer"}
+    assert gen2["restore_step"] == 30
+    # Exact: restoring another rank's shard would be refused (ckpt/sharded.py ShardMismatch)
+    # and a wrong moment would change the digest.
+    assert result["model_digest"] == mbaseline(_without_persist(spec))["model_digest"]
+    # What the ranks checkpoint: each its own partition, of different sizes.
+    store = DurableStore(str(uri), "zero")
+    manifest, _ = store.newest_valid(world_size=4)
+    assert manifest is not None and manifest.step == 60
+    partitions = {}
+    for rank in range(4):
+        state = restore(store.read_shard(manifest.step, rank, manifest))
+        partitions[rank] = state["objects"]["optimizer"]["partition"]
+        assert (partitions[rank]["rank"], partitions[rank]["world_size"]) == (rank, 4)
+        moments = state["objects"]["optimizer"]["local"]["state"]
+        assert [m["exp_avg"].numel() for m in moments.values()] == partitions[rank]["numels"]
+    # The partitions differ and together cover the model (which has no buffers) once.
+    assert len({tuple(p["numels"]) for p in partitions.values()}) > 1, partitions
+    model = restore(store.read_shard(manifest.step, 0, manifest))["objects"]["model"]
+    covered = sorted(n for p in partitions.values() for n in p["numels"])
+    assert covered == sorted(t.numel() for t in model.values())
