@@ -9,7 +9,8 @@ rank), one data-parallel job per measurement, all with the same model: an MLP wh
 parameters plus AdamW's two moments make about SIZE MB of state per rank, a batch sized so a
 step computes for about a second, one torch thread per rank.
 
-Step time (median of rank 0's steps after the first three) for:
+Step time (median of rank 0's step cycles, loop body start to the next one's, after the
+first three) for:
   none        no checkpoint after the start (checkpoint.every_steps > steps)
   replicas=1  stalwart's in-memory snapshot every step, own node only
   replicas=2  ... and a copy on a peer node        (the goal: <= 5 % over none at 250 MB)
@@ -29,11 +30,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -72,9 +75,11 @@ def train_loop(ctx: Any) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ctx.register(model=model, optimizer=optimizer)
     save_dir = cfg.get("torch_save_dir")
-    times: list[float] = []
+    # A step's time is from one loop body's start to the next one's: it includes what
+    # ctx.steps() does between them (capturing the snapshot), not only the body.
+    starts: list[float] = []
     for step in ctx.steps():
-        t0 = time.perf_counter()
+        starts.append(time.perf_counter())
         g = torch.Generator().manual_seed(step * 1000 + ctx.rank)
         x = torch.randn(batch, width, generator=g)
         optimizer.zero_grad(set_to_none=True)
@@ -87,7 +92,7 @@ def train_loop(ctx: Any) -> None:
                 os.path.join(save_dir, f"rank{ctx.rank}.pt"),
             )
         ctx.report(loss=loss.item())
-        times.append(time.perf_counter() - t0)
+    times = [b - a for a, b in itertools.pairwise(starts)]
     if ctx.rank == 0 and cfg.get("times_file"):
         Path(cfg["times_file"]).write_text(json.dumps(times))
 
@@ -117,11 +122,50 @@ def _spec(name: str, size: float, width: int, batch: int, steps: int, workers: i
     return spec
 
 
+class _MemoryPeak:
+    """The machine's peak memory in use (MemTotal - MemAvailable) while a run lasts."""
+
+    def __init__(self) -> None:
+        self.peak_gb = 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            info = _meminfo()
+            used = (info["MemTotal"] - info["MemAvailable"]) / 1e6
+            self.peak_gb = max(self.peak_gb, used)
+            if self._done.wait(0.25):
+                return
+
+    def __enter__(self) -> _MemoryPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def _meminfo() -> dict[str, int]:
+    """/proc/meminfo in kB."""
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, value = line.split(":", 1)
+            out[key] = int(value.split()[0])
+    return out
+
+
 def _run(address: str, spec: dict, out: Path) -> dict:
     from orchestrator.driver import RunOptions, run_job
     from orchestrator.spec import validate
 
-    result = run_job(validate(spec), RunOptions(address=address, output=out, base_dir=str(REPO)))
+    with _MemoryPeak() as mem:
+        result = run_job(
+            validate(spec), RunOptions(address=address, output=out, base_dir=str(REPO))
+        )
+    result["peak_mem_gb"] = round(mem.peak_gb, 2)
     result["events"] = [
         json.loads(x) for x in (out / "events.jsonl").read_text().splitlines() if x.strip()
     ]
@@ -178,7 +222,13 @@ def measure_size(address: str, cluster: Any, size: float, args: argparse.Namespa
     width = 1024
     batch = _calibrate(width, size)
     steps, workers = args.steps, args.workers
-    out: dict[str, Any] = {"state_mb": size, "batch": batch, "width": width, "step_s": {}}
+    out: dict[str, Any] = {
+        "state_mb": size,
+        "batch": batch,
+        "width": width,
+        "step_s": {},
+        "peak_mem_gb": {},
+    }
     mem_gb = _available_gb()
     replicas = [r for r in (1, 2, 3) if r <= workers]
     fits = {r: _need_gb(size, workers, r) < 0.6 * mem_gb for r in replicas}
@@ -203,10 +253,15 @@ def measure_size(address: str, cluster: Any, size: float, args: argparse.Namespa
             config=cfg,
             **kw,
         )
-        _ensure_nodes(cluster, workers + 1)
-        _run(address, spec, work / f"run-{size}-{label}")
+        _ensure_nodes(cluster, workers + 1, args.object_store_gb)
+        res = _run(address, spec, work / f"run-{size}-{label}")
         out["step_s"][label] = _median_step(times)
-        print(f"  {size:g} MB {label:12s} {out['step_s'][label]:.3f} s/step", flush=True)
+        out["peak_mem_gb"][label] = res["peak_mem_gb"]
+        print(
+            f"  {size:g} MB {label:12s} {out['step_s'][label]:.3f} s/step, "
+            f"peak memory in use {res['peak_mem_gb']:.1f} GB",
+            flush=True,
+        )
     skipped = [f"replicas={r}" for r in replicas if not fits[r]]
     if skipped:
         out["skipped"] = f"{', '.join(skipped)}: would not fit {mem_gb:.0f} GB of memory"
@@ -224,7 +279,7 @@ def measure_size(address: str, cluster: Any, size: float, args: argparse.Namespa
     }
     out["restore"] = {}
     kill = 6
-    _ensure_nodes(cluster, workers + 1)
+    _ensure_nodes(cluster, workers + 1, args.object_store_gb)
     res = _run(
         address,
         _spec(
@@ -241,7 +296,7 @@ def measure_size(address: str, cluster: Any, size: float, args: argparse.Namespa
     )
     out["restore"]["memory"] = _restore_s(res)
     if fits.get(2):
-        _ensure_nodes(cluster, workers + 1)
+        _ensure_nodes(cluster, workers + 1, args.object_store_gb)
         res = _run(
             address,
             _spec(
@@ -263,7 +318,7 @@ def measure_size(address: str, cluster: Any, size: float, args: argparse.Namespa
     faults += [
         {"kind": "drop_replicas", "rank": r, "at_step": kill} for r in range(workers) if r != 1
     ]
-    _ensure_nodes(cluster, workers + 1)
+    _ensure_nodes(cluster, workers + 1, args.object_store_gb)
     dropped = _drop_page_cache()
     res = _run(
         address,
@@ -299,19 +354,17 @@ def _need_gb(size_mb: float, workers: int, replicas: int) -> float:
 
 
 def _available_gb() -> float:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 1e6
-    return 8.0
+    return _meminfo()["MemAvailable"] / 1e6
 
 
-def _ensure_nodes(cluster: Any, n: int) -> None:
+def _ensure_nodes(cluster: Any, n: int, object_store_gb: float) -> None:
     for node in list(cluster.worker_nodes):
         if not all(p.process.poll() is None for p in node.all_processes["raylet"]):
             cluster.remove_node(node, allow_graceful=False)
     while len(cluster.worker_nodes) < n:
-        cluster.add_node(num_cpus=1)
+        # Every simulated node would size its object store from the whole machine's memory
+        # (30 %); they share one machine, so each gets a fixed share.
+        cluster.add_node(num_cpus=1, object_store_memory=int(object_store_gb * 1e9))
     cluster.wait_for_nodes()
 
 
@@ -363,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument(
+        "--object-store-gb", type=float, default=2.0, help="each simulated node's object store"
+    )
     args = ap.parse_args(argv)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import ray

@@ -13,6 +13,7 @@ counted and reported; the step then stays uncommitted.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import time
@@ -23,6 +24,36 @@ import ray
 from ckpt.store import ShardStore
 
 SEND_TIMEOUT_S = 60.0
+
+
+def choose_stride(
+    steps_per_s: float,
+    every: int,
+    current: int,
+    max_per_s: float,
+    duty: float,
+    round_s: float | None = None,
+) -> tuple[int, str]:
+    """Steps apart of the copies sent to peers (a multiple of `every`, the snapshot interval)
+    and why. Copies are thinned so that (a) at most `max_per_s` rounds are sent a second and
+    (b) a node's sender is busy at most `duty` of the time, where `round_s` is the measured
+    time one round takes (the node's shards of one step to all its peers). The stride moves
+    only by a factor of 2 or more: measuring under a new stride must not make it flap."""
+    snapshots_per_s = steps_per_s / every
+    k = max(1, math.ceil(snapshots_per_s / max_per_s))
+    why = f"at most {max_per_s:g} rounds/s at {steps_per_s:.2f} steps/s"
+    if round_s is not None and snapshots_per_s > 0:
+        by_cost = math.ceil(round_s * snapshots_per_s / duty - 1e-9)
+        if by_cost > k:
+            k = by_cost
+            why = (
+                f"a round of copies takes {round_s:.3f} s; at {steps_per_s:.2f} steps/s every "
+                f"{k * every} steps keeps the sender busy <= {duty:.0%} of the time"
+            )
+    cur = max(1, current // every)
+    if k != cur and (k >= 2 * cur or 2 * k <= cur):
+        return k * every, why
+    return current, why
 
 
 class Replicator:
@@ -39,6 +70,7 @@ class Replicator:
         self.errors = 0
         self.last_error: str | None = None
         self.seconds = 0.0  # time spent sending, in all
+        self.rounds = 0  # sends completed (one round: a batch of shards to every peer)
         self.sent_bytes = 0
         self._thread = threading.Thread(target=self._loop, name="stalwart-replicate", daemon=True)
         self._thread.start()
@@ -92,6 +124,7 @@ class Replicator:
                 "errors": self.errors,
                 "last_error": self.last_error,
                 "seconds": round(self.seconds, 4),
+                "rounds": self.rounds,
                 "sent_bytes": self.sent_bytes,
             }
 
@@ -135,6 +168,7 @@ class Replicator:
                 with self._cv:
                     self._sending = set()
                     self.seconds += time.perf_counter() - t0
+                    self.rounds += 1
             with self._cv:
                 self.sent_bytes += nbytes
 

@@ -111,6 +111,14 @@ class CheckpointSpec(_Model):
         "and replicas-1 peers', in groups: losing any replicas-1 nodes loses no shard); a "
         "step is committed once every shard has them",
     )
+    replication_duty: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="the share of the time a node may spend sending copies to its peers: "
+        "copies are thinned to every k-th snapshot so one round of sends (measured) fits it; "
+        "the committed step then lags more (event replication_stride says by how much)",
+    )
     persist: PersistSpec = Field(default_factory=PersistSpec)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-import math
 import statistics
 import threading
 import time
@@ -45,6 +44,7 @@ from orchestrator.monitor import HealthMonitor
 from orchestrator.persist import Persister
 from orchestrator.poller import ReportPoller
 from orchestrator.preflight import pair_rounds
+from orchestrator.replication import choose_stride
 from orchestrator.resources import SchedulingError, check_capacity, worker_bundle
 from orchestrator.slots import Slots, SlotsUnavailable
 from orchestrator.spec import JobSpec
@@ -118,6 +118,7 @@ class JobSupervisor:
         self._plan_nodes: tuple[str, ...] = ()
         self._replicating: tuple[int, float] | None = None  # (step asked for, when)
         self._stride = self.spec.checkpoint.every_steps  # steps apart of the copies sent
+        self._send_mark: dict[str, tuple[float, int]] = {}  # node -> (send seconds, rounds)
         self._commit_seen: tuple[int | None, float] = (None, time.time())  # (step, since)
         self._stall_reported = 0.0
         self._kept: tuple[int, ...] = ()  # the steps last sent to agents as `keep`
@@ -1138,23 +1139,35 @@ class JobSupervisor:
             self.agents[node].replicate.remote(newest)
 
     def _set_replication_stride(self, steps_per_s: float) -> None:
-        """Send copies at most REPLICATE_PER_S times a second: faster snapshots are thinned
-        out to a common grid of steps (a copy per step of a 30 steps/s job would cost the
-        node's CPU on every step). A lost node then redoes at most 1/REPLICATE_PER_S s of
-        steps more than checkpoint.every_steps. Changed only by a factor of 2 or more."""
-        every = self.spec.checkpoint.every_steps
-        snapshots_per_s = steps_per_s / every
-        k = max(1, math.ceil(snapshots_per_s / REPLICATE_PER_S))
-        current = self._stride // every
-        if k == current or (current and k < 2 * current and 2 * k > current):
+        """Thin the copies to peers (orchestrator/replication.choose_stride): at most
+        REPLICATE_PER_S rounds a second, and each node's sender busy at most
+        checkpoint.replication_duty of the time, by the cost of a round measured since the
+        last call (the slowest node's). A lost node then redoes up to the stride's steps."""
+        round_s = None
+        for node, rep in self.replication.items():
+            seconds, rounds = rep.get("seconds", 0.0), rep.get("rounds", 0)
+            before = self._send_mark.get(node)
+            self._send_mark[node] = (seconds, rounds)
+            if before is not None and rounds > before[1]:
+                cost = (seconds - before[0]) / (rounds - before[1])
+                round_s = cost if round_s is None else max(round_s, cost)
+        stride, why = choose_stride(
+            steps_per_s,
+            self.spec.checkpoint.every_steps,
+            self._stride,
+            REPLICATE_PER_S,
+            self.spec.checkpoint.replication_duty,
+            round_s,
+        )
+        if stride == self._stride:
             return
-        self._stride = k * every
+        self._stride = stride
         for node in self._plan_nodes:
             self.agents[node].set_stride.remote(self._stride)
         self.events.emit(
             "replication_stride",
             stride=self._stride,
-            reason=f"copies of every {self._stride} steps at {steps_per_s:.1f} steps/s",
+            reason=f"copies of every {stride} steps: {why}",
         )
 
     def _replication_summary(self) -> dict[str, Any]:

@@ -1,0 +1,57 @@
+"""orchestrator/replication.choose_stride: how far apart the copies to peers are."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.replication import choose_stride
+
+
+def test_slow_steps_send_every_snapshot():
+    stride, why = choose_stride(steps_per_s=2.0, every=1, current=1, max_per_s=4, duty=0.1)
+    assert stride == 1
+    assert why == "at most 4 rounds/s at 2.00 steps/s"
+
+
+def test_fast_steps_are_thinned_to_the_rate_cap():
+    assert choose_stride(30.0, every=1, current=1, max_per_s=4, duty=0.1)[0] == 8
+    # A multiple of the snapshot interval, so copies land on snapshots every rank has.
+    assert choose_stride(30.0, every=5, current=5, max_per_s=4, duty=0.1)[0] == 10
+
+
+def test_an_expensive_round_is_thinned_to_the_duty():
+    # 250 MB shards: a round takes 0.9 s; at 0.5 steps/s with duty 0.1 that is every 5th step.
+    stride, why = choose_stride(0.5, every=1, current=1, max_per_s=4, duty=0.1, round_s=0.9)
+    assert stride == 5
+    assert why == (
+        "a round of copies takes 0.900 s; at 0.50 steps/s every 5 steps keeps the sender "
+        "busy <= 10% of the time"
+    )
+    # The sender's busy share at that stride is within the duty.
+    assert 0.9 * 0.5 / stride <= 0.1
+
+
+def test_a_cheap_round_changes_nothing():
+    stride, _ = choose_stride(2.0, every=1, current=1, max_per_s=4, duty=0.1, round_s=0.01)
+    assert stride == 1
+
+
+@pytest.mark.parametrize(
+    ("current", "wanted", "expected"),
+    [
+        (4, 5, 4),  # within a factor of 2: unchanged (measuring under 4 gives about 4-5)
+        (4, 7, 4),
+        (4, 8, 8),  # doubled: follow
+        (4, 2, 2),  # halved: follow
+        (4, 3, 4),
+        (1, 2, 2),
+    ],
+)
+def test_the_stride_moves_only_by_a_factor_of_two(current, wanted, expected):
+    # round_s chosen so the cost alone asks for `wanted` steps at 1 step/s, duty 0.5.
+    round_s = 0.5 * wanted - 0.25
+    assert choose_stride(1.0, 1, current, max_per_s=100, duty=0.5, round_s=round_s)[0] == (expected)
+
+
+def test_no_rate_no_cost_thinning():
+    assert choose_stride(0.0, every=1, current=1, max_per_s=4, duty=0.1, round_s=3.0)[0] == 1
