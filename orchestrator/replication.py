@@ -39,10 +39,12 @@ def choose_stride(
     (b) a node's sender is busy at most `duty` of the time, where `round_s` is the measured
     time one round takes (the node's shards of one step to all its peers). The stride moves
     only by a factor of 2 or more: measuring under a new stride must not make it flap."""
+    if steps_per_s <= 0:
+        return current, "no step rate measured"
     snapshots_per_s = steps_per_s / every
     k = max(1, math.ceil(snapshots_per_s / max_per_s))
     why = f"at most {max_per_s:g} rounds/s at {steps_per_s:.2f} steps/s"
-    if round_s is not None and snapshots_per_s > 0:
+    if round_s is not None:
         by_cost = math.ceil(round_s * snapshots_per_s / duty - 1e-9)
         if by_cost > k:
             k = by_cost

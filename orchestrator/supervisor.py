@@ -119,6 +119,8 @@ class JobSupervisor:
         self._replicating: tuple[int, float] | None = None  # (step asked for, when)
         self._stride = self.spec.checkpoint.every_steps  # steps apart of the copies sent
         self._send_mark: dict[str, tuple[float, int]] = {}  # node -> (send seconds, rounds)
+        self._steady_rate: float | None = None  # steps/s, median of the last 10 steps
+        self._round_s: float | None = None  # the last measured cost of a round of copies
         self._commit_seen: tuple[int | None, float] = (None, time.time())  # (step, since)
         self._stall_reported = 0.0
         self._kept: tuple[int, ...] = ()  # the steps last sent to agents as `keep`
@@ -1111,11 +1113,15 @@ class JobSupervisor:
         if self.copies <= 1 or not own:
             return
         complete = set.intersection(*own.values())
-        newest = max(complete, default=-1)
+        # A step on the thinned grid, which the agents send anyway, when there is one.
+        newest = max([s for s in complete if s % self._stride == 0] or complete, default=-1)
         if newest <= (committed if committed is not None else -1):
             return
         stalled_s = now - self._commit_seen[1]
-        if stalled_s < REPLICATION_ALIGN_S:
+        # Thinned copies commit once per stride: only a commit later than two strides'
+        # time (or REPLICATION_ALIGN_S) is behind.
+        grid_s = self._stride / self._steady_rate if self._steady_rate else 0.0
+        if stalled_s < max(REPLICATION_ALIGN_S, 2 * grid_s):
             return
         if self._replicating is not None and now - self._replicating[1] < REPLICATION_ALIGN_S:
             return
@@ -1147,10 +1153,16 @@ class JobSupervisor:
         for node, rep in self.replication.items():
             seconds, rounds = rep.get("seconds", 0.0), rep.get("rounds", 0)
             before = self._send_mark.get(node)
+            if before is not None and rounds < before[1]:
+                before = None  # a new agent: its counters started again
+            elif before is not None and rounds == before[1]:
+                continue  # no round since the mark: keep it until there is one
             self._send_mark[node] = (seconds, rounds)
-            if before is not None and rounds > before[1]:
+            if before is not None:
                 cost = (seconds - before[0]) / (rounds - before[1])
                 round_s = cost if round_s is None else max(round_s, cost)
+        # Thinned copies are rare: without a round since the last call, the last cost stands.
+        round_s = self._round_s = round_s if round_s is not None else self._round_s
         stride, why = choose_stride(
             steps_per_s,
             self.spec.checkpoint.every_steps,
@@ -1411,7 +1423,12 @@ class JobSupervisor:
             self._throughput_mark = (now, step)
         elif now - mark[0] >= THROUGHPUT_EVENT_S:
             rate = (step - mark[1]) / (now - mark[0])
-            self._set_replication_stride(rate)
+            # The stride wants the steady rate: the median step of the last 10 (a 1 s
+            # window of 1 s steps sees 0 or 2 of them).
+            steady = self.monitor.steps_per_s(step - 1, 10)
+            if steady:
+                self._steady_rate = steady
+                self._set_replication_stride(steady)
             committed = self.commit.committed
             self.events.emit(
                 "throughput",

@@ -53,5 +53,8 @@ def test_the_stride_moves_only_by_a_factor_of_two(current, wanted, expected):
     assert choose_stride(1.0, 1, current, max_per_s=100, duty=0.5, round_s=round_s)[0] == (expected)
 
 
-def test_no_rate_no_cost_thinning():
-    assert choose_stride(0.0, every=1, current=1, max_per_s=4, duty=0.1, round_s=3.0)[0] == 1
+def test_no_rate_measured_keeps_the_stride():
+    # A window without a step says nothing about the rate: the stride stays (it flapped
+    # between 20 and 1 when a 1 s window of 1 s steps saw none).
+    stride, why = choose_stride(0.0, every=1, current=20, max_per_s=4, duty=0.1, round_s=3.0)
+    assert (stride, why) == (20, "no step rate measured")
