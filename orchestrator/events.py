@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class EventLog:
@@ -13,6 +16,12 @@ class EventLog:
         self._events: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._clock = clock
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+
+    def subscribe(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call `listener` with every event emitted from now on (after it is logged). A
+        listener that raises is logged and skipped: it cannot lose an event for the log."""
+        self._listeners.append(listener)
 
     def emit(self, type_: str, **fields: Any) -> dict[str, Any]:
         if {"ts", "type", "seq"} & fields.keys():
@@ -21,6 +30,11 @@ class EventLog:
         with self._lock:
             event["seq"] = len(self._events)
             self._events.append(event)
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:
+                log.exception("event listener failed on %s", type_)
         return event
 
     def since(self, offset: int) -> list[dict[str, Any]]:

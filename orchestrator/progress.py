@@ -110,6 +110,10 @@ def _event_line(e: dict[str, Any]) -> Text | None:
             f"{where} ({phases})",
             style="green",
         )
+    if t == "metrics_exporter":
+        return Text(f"{ts} metrics at {e['url']}", style="cyan")
+    if t == "metrics_unavailable":
+        return Text(f"{ts} metrics unavailable: {e['reason']}", style="yellow")
     if t == "supervisor_adopted":
         return Text(f"{ts} {e['reason']}", style="green")
     if t == "resume":

@@ -40,6 +40,7 @@ from health.preflight import PreflightResult, judge_preflight
 from health.straggler import straggler_decision
 from orchestrator.agent import NodeAgent
 from orchestrator.events import EventLog
+from orchestrator.metrics import JobMetrics
 from orchestrator.monitor import HealthMonitor
 from orchestrator.persist import Persister
 from orchestrator.poller import ReportPoller
@@ -57,6 +58,7 @@ RAY_NODES_CHECK_S = 1.0  # how often Ray's node table is read
 FINAL_REPLICATION_S = 10.0  # a finished job waits this long for its last step's copies
 FINAL_PERSIST_TIMEOUT_S = 300.0  # a finished job waits this long for its last checkpoint
 AGENT_PREFIX = "stalwart-agent-"
+METRICS_REFRESH_S = 0.5  # the exporter's values are at most this old (plus a poll)
 REPLICATE_PER_S = 4.0  # copies to peers at most this often (thinned to a grid of steps)
 REPLICATION_ALIGN_S = 1.0  # no commit for this long: name the step every agent sends
 REPLICATION_STALL_S = 30.0  # no commit for this long: an event says so (again every 30 s)
@@ -91,6 +93,10 @@ class JobSupervisor:
         self.spec_dict = self.spec.model_dump(mode="json")
         self.base_dir = base_dir
         self.events = EventLog()
+        self.metrics = JobMetrics(self.spec.name)
+        self.events.subscribe(self.metrics.on_event)
+        self.metrics_url: str | None = None
+        self._metrics_at = 0.0  # when the metrics were last refreshed
         self.sm = StateMachine()
         self.sm.add_hook(self._on_transition)
         self._lock = threading.Lock()
@@ -169,6 +175,7 @@ class JobSupervisor:
 
     def run(self) -> dict[str, Any]:
         self.handle = ray.get_runtime_context().current_actor
+        self._start_exporter()
         try:
             self._set(JobState.SCHEDULING, f"placing {self.world} workers")
             if self.adopt:
@@ -196,6 +203,10 @@ class JobSupervisor:
                 self._set(JobState.FAILED, self.error["message"])
         finally:
             self.ended_at = time.time()
+            try:
+                self._refresh_metrics()  # the final values, for the last scrapes
+            except Exception:
+                log.exception("final metrics refresh failed")
             self._teardown()
         return self.result()
 
@@ -980,6 +991,48 @@ class JobSupervisor:
             self._handle_failures()
         elif len(self.finished) == len(self.workers) and not self.futures:
             self._finish()
+        if time.time() - self._metrics_at >= METRICS_REFRESH_S:
+            self._refresh_metrics()
+
+    # --- metrics ------------------------------------------------------------------------------
+
+    def _start_exporter(self) -> None:
+        """Serve the job's metrics (orchestrator/metrics.py). A port that cannot be bound
+        costs the metrics, not the job: an event says why."""
+        m = self.spec.metrics
+        try:
+            port = self.metrics.serve(m.host, m.port)
+        except OSError as e:
+            self.events.emit(
+                "metrics_unavailable",
+                reason=f"cannot serve metrics on {m.host}:{m.port} (metrics.host/metrics.port): "
+                f"{e.strerror or e}",
+            )
+            return
+        self.metrics_url = f"http://{m.host}:{port}/metrics"
+        self.events.emit("metrics_exporter", url=self.metrics_url, host=m.host, port=port)
+
+    def _refresh_metrics(self) -> None:
+        self._metrics_at = now = time.time()
+        progress = self.progress()
+        with self._lock:
+            beats = {
+                r: {**b, "node_id": self.worker_info.get(r, {}).get("node_id", "")}
+                for r, b in self.beats.items()
+                if b.get("generation") == self.generation and r in self.workers
+            }
+            redone = sum(f["steps_redone"] or 0 for f in self.failures)
+        sent = {node: rep.get("sent_bytes", 0) for node, rep in self.replication.items()}
+        self.metrics.refresh(
+            progress,
+            beats,
+            dict(self.monitor.last_scores),
+            now,
+            self._budget().restarts_left,
+            redone,
+            sent,
+            1 / self._steady_rate if self._steady_rate else None,
+        )
 
     def _collect(self, ref: Any) -> WorkerFailure | None:
         rank = self.futures.pop(ref)
@@ -1919,6 +1972,9 @@ class JobSupervisor:
             restored_remotely=self.restored_remotely,
             phases_s={k: round(v, 4) for k, v in phases.items()},
             recovered_after_s=[f["recovered_after_s"] for f in rec["failures"]],
+            # Per failure: from the failure (when known) to its detection, and to the decision.
+            detected_after_s=[f["detected_after_s"] for f in rec["failures"]],
+            decided_after_s=[f["decided_after_s"] for f in rec["failures"]],
         )
         self.open_recovery = None
 
@@ -1963,6 +2019,7 @@ class JobSupervisor:
         samples = sum(o.get("samples", 0.0) for o in outs)
         return {
             "name": self.spec.name,
+            "metrics_url": self.metrics_url,
             "status": {
                 JobState.SUCCEEDED: "succeeded",
                 JobState.FAILED: "failed",

@@ -385,6 +385,7 @@ class TrainWorker:
             "step": p.step if p else 0,
             "metrics": dict(p.metrics) if p else {},
             "samples": p.samples if p else 0.0,
+            "tokens": p.tokens if p else 0.0,
             "compute_seconds": p.compute_seconds if p else 0.0,
             "collective_seconds": p.collective_seconds if p else 0.0,
             "recent": list(p.recent) if p else [],

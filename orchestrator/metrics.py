@@ -1,0 +1,395 @@
+"""The job's Prometheus metrics: their definitions and the exporter on the supervisor.
+
+`DEFINITIONS` is the one place where names, types, labels and help texts live: the exporter
+builds its metrics from it and docs/metrics.md is generated from it
+(``python -m orchestrator.metrics > docs/metrics.md``; a unit test keeps the file current).
+
+Conventions: the ``stalwart_`` prefix, base units in names (seconds, bytes), ``_total`` on
+counters, a ``train_job`` label on every series (not ``job``: Prometheus sets ``job`` to
+the scrape job and would rename ours to ``exported_job``), ``rank``/``node`` where useful and
+never ``step`` (one series per step would grow without bound). Each job has its own
+registry, so two jobs' supervisors in one process never share a series.
+
+Values come from two places: the job's events (state changes, decisions, recoveries,
+persisted checkpoints, throughput), fed to `JobMetrics.on_event` as they are emitted, and
+`JobMetrics.refresh`, which the supervisor calls after each agent poll with what it knows
+(steps, heartbeats, scores, spares, cordons). The exporter binds 127.0.0.1 unless
+`metrics.host` says otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger(__name__)
+
+JOB_STATES = (
+    "PENDING",
+    "SCHEDULING",
+    "RUNNING",
+    "RECOVERING",
+    "SUCCEEDED",
+    "FAILED",
+    "CANCELLED",
+)
+RECOVERY_PHASES = ("detect", "decide", "abort", "replace", "rendezvous", "reenter", "restore")
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str
+    kind: str  # gauge, counter or histogram
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+
+
+DEFINITIONS: tuple[MetricDef, ...] = (
+    MetricDef(
+        "stalwart_job_state", "gauge", "1 for the job's current state, 0 for the others", ("state",)
+    ),
+    MetricDef("stalwart_step", "gauge", "the newest step any rank has completed"),
+    MetricDef("stalwart_total_steps", "gauge", "the steps the job runs in all"),
+    MetricDef(
+        "stalwart_committed_step",
+        "gauge",
+        "the newest step whose every shard has its copies in memory (the restore point)",
+    ),
+    MetricDef(
+        "stalwart_persisted_step", "gauge", "the newest step written completely to durable storage"
+    ),
+    MetricDef(
+        "stalwart_commit_lag_steps",
+        "gauge",
+        "steps between the newest step and the committed one (what a node loss would redo)",
+    ),
+    MetricDef(
+        "stalwart_steps_per_second",
+        "gauge",
+        "the job's step rate over the last throughput interval",
+    ),
+    MetricDef(
+        "stalwart_step_duration_seconds",
+        "histogram",
+        "step cycle time of each rank's completed steps",
+        buckets=STEP_BUCKETS,
+    ),
+    MetricDef(
+        "stalwart_samples_total", "counter", "samples the ranks reported (ctx.report(samples=...))"
+    ),
+    MetricDef(
+        "stalwart_tokens_total", "counter", "tokens the ranks reported (ctx.report(tokens=...))"
+    ),
+    MetricDef(
+        "stalwart_train_metric",
+        "gauge",
+        "a scalar the train loop reports (ctx.report, e.g. loss), mean over ranks",
+        ("name",),
+    ),
+    MetricDef("stalwart_workers", "gauge", "ranks in the current generation"),
+    MetricDef(
+        "stalwart_generation", "gauge", "the current generation (1 + recoveries and resizes)"
+    ),
+    MetricDef(
+        "stalwart_rank_compute_seconds",
+        "gauge",
+        "a rank's last step's compute time (loop body minus collective waits)",
+        ("rank", "node"),
+    ),
+    MetricDef(
+        "stalwart_rank_collective_wait_seconds",
+        "gauge",
+        "a rank's last step's time waiting in collectives",
+        ("rank", "node"),
+    ),
+    MetricDef(
+        "stalwart_straggler_score",
+        "gauge",
+        "a rank's compute time over its peers' median (1 is normal)",
+        ("rank",),
+    ),
+    MetricDef(
+        "stalwart_heartbeat_age_seconds",
+        "gauge",
+        "seconds since a rank's last heartbeat reached its node agent",
+        ("rank",),
+    ),
+    MetricDef("stalwart_rank_memory_bytes", "gauge", "a rank's resident memory", ("rank", "node")),
+    MetricDef("stalwart_failures_total", "counter", "failures acted on, by kind", ("kind",)),
+    MetricDef(
+        "stalwart_recoveries_total",
+        "counter",
+        "recoveries, by outcome (recovered, gave_up)",
+        ("outcome",),
+    ),
+    MetricDef(
+        "stalwart_recovery_duration_seconds",
+        "histogram",
+        "a failure's time to the first step after the restore",
+        buckets=DURATION_BUCKETS,
+    ),
+    MetricDef(
+        "stalwart_recovery_phase_duration_seconds",
+        "histogram",
+        "a recovery's time per phase",
+        ("phase",),
+        DURATION_BUCKETS,
+    ),
+    MetricDef("stalwart_steps_redone_total", "counter", "steps trained again after recoveries"),
+    MetricDef(
+        "stalwart_restarts_left",
+        "gauge",
+        "restarts the failure budget still allows (-1: unlimited)",
+    ),
+    MetricDef("stalwart_cordoned_nodes", "gauge", "nodes this job does not place ranks on"),
+    MetricDef("stalwart_spares_ready", "gauge", "warm spare workers ready to take a rank"),
+    MetricDef("stalwart_stragglers_flagged_total", "counter", "straggler flags raised"),
+    MetricDef(
+        "stalwart_replication_sent_bytes_total", "counter", "bytes of shards sent to peers' memory"
+    ),
+    MetricDef(
+        "stalwart_persist_failures_total", "counter", "durable checkpoint writes that failed"
+    ),
+    MetricDef(
+        "stalwart_wall_seconds_total", "counter", "seconds the job has been running or recovering"
+    ),
+    MetricDef(
+        "stalwart_productive_seconds_total",
+        "counter",
+        "seconds of those spent on steps that were kept (goodput = productive / wall)",
+    ),
+)
+
+
+class JobMetrics:
+    """One job's metrics in its own registry, and the HTTP exporter serving them."""
+
+    def __init__(self, job: str):
+        self.job = job
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._m: dict[str, Any] = {}
+        kinds = {"gauge": Gauge, "counter": Counter, "histogram": Histogram}
+        for d in DEFINITIONS:
+            kw: dict[str, Any] = {"registry": self.registry}
+            if d.buckets is not None:
+                kw["buckets"] = d.buckets
+            # prometheus-client adds `_total` to a counter's samples itself.
+            name = d.name.removesuffix("_total") if d.kind == "counter" else d.name
+            self._m[d.name] = kinds[d.kind](name, d.help, ("train_job", *d.labels), **kw)
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self._last: dict[tuple[str, Any], float] = {}  # (counter, source) -> counted so far
+        self._ranks: set[tuple[str, ...]] = set()
+        self._seen_steps: dict[int, int] = {}  # rank -> newest step observed in the histogram
+        self._started: float | None = None  # first RUNNING
+        self._recovering_since: float | None = None
+        self._recovering_s = 0.0  # closed recoveries' downtime
+        self._ended: float | None = None
+        self.set_state("PENDING")
+
+    def _(self, name: str, *labels: Any) -> Any:
+        return self._m[name].labels(self.job, *map(str, labels))
+
+    # --- exporter -----------------------------------------------------------------------------
+
+    def serve(self, host: str, port: int) -> int:
+        """Start the HTTP exporter; returns the port (an ephemeral one for port 0)."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._server = server
+        return server.server_port
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    # --- events -------------------------------------------------------------------------------
+
+    def on_event(self, e: Mapping[str, Any]) -> None:
+        """Count what one job event says (called for every event, in order)."""
+        with self._lock:
+            kind = e["type"]
+            if kind == "state":
+                self.set_state(e["new"], at=e["ts"])
+                if e["new"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                    self._ended = e["ts"]
+                if e["new"] == "FAILED" and e.get("old") == "RECOVERING":
+                    self._("stalwart_recoveries_total", "gave_up").inc()
+            elif kind == "decision":
+                for f in e.get("failures", ()):
+                    self._("stalwart_failures_total", f["kind"]).inc()
+            elif kind == "recovered":
+                self._("stalwart_recoveries_total", "recovered").inc()
+                for seconds in e.get("recovered_after_s", ()):
+                    self._("stalwart_recovery_duration_seconds").observe(seconds)
+                phase = "stalwart_recovery_phase_duration_seconds"
+                for name, key in (("detect", "detected_after_s"), ("decide", "decided_after_s")):
+                    for seconds in e.get(key) or ():
+                        if seconds is not None:  # a failure not injected: its start is unknown
+                            self._(phase, name).observe(seconds)
+                for name, seconds in e.get("phases_s", {}).items():
+                    if name in RECOVERY_PHASES:
+                        self._(phase, name).observe(seconds)
+            elif kind == "persisted":
+                self._("stalwart_persisted_step").set(e["step"])
+            elif kind == "persist_failed":
+                self._("stalwart_persist_failures_total").inc()
+            elif kind == "straggler":
+                self._("stalwart_stragglers_flagged_total").inc()
+            elif kind == "throughput":
+                self._("stalwart_steps_per_second").set(e["steps_per_s"])
+                if e.get("committed_step") is not None:
+                    self._("stalwart_committed_step").set(e["committed_step"])
+                if e.get("commit_lag_steps") is not None:
+                    self._("stalwart_commit_lag_steps").set(e["commit_lag_steps"])
+
+    def set_state(self, state: str, at: float | None = None) -> None:
+        for s in JOB_STATES:
+            self._("stalwart_job_state", s).set(1 if s == state else 0)
+        if at is None:
+            return
+        if state == "RUNNING" and self._started is None:
+            self._started = at
+        if state == "RECOVERING" and self._recovering_since is None:
+            self._recovering_since = at
+        elif state != "RECOVERING" and self._recovering_since is not None:
+            self._recovering_s += at - self._recovering_since
+            self._recovering_since = None
+
+    def _goodput(self, now: float, redone_s: float) -> tuple[float, float]:
+        """(wall, productive) seconds since the job first ran: productive leaves out the
+        time spent recovering and the time of steps that had to be trained again."""
+        if self._started is None:
+            return 0.0, 0.0
+        end = self._ended if self._ended is not None else now
+        wall = max(0.0, end - self._started)
+        down = self._recovering_s
+        if self._recovering_since is not None:
+            down += end - self._recovering_since
+        return wall, max(0.0, wall - down - redone_s)
+
+    # --- the supervisor's view ----------------------------------------------------------------
+
+    def refresh(
+        self,
+        progress: Mapping[str, Any],
+        beats: Mapping[int, Mapping[str, Any]],
+        scores: Mapping[int, float],
+        now: float,
+        restarts_left: int | None,
+        steps_redone: int,
+        sent_bytes: Mapping[str, int],
+        seconds_per_step: float | None,
+    ) -> None:
+        """Set what the supervisor knows after an agent poll. `beats`: rank -> the rank's
+        newest heartbeat of this generation (with its `node_id`); `sent_bytes`: node -> its
+        agent's bytes sent to peers so far; `seconds_per_step`: the job's typical step, to
+        price the steps redone."""
+        with self._lock:
+            # Between generations no rank of the new one has beaten yet: the restore point
+            # (the committed step) stands for the step, not 0.
+            step = max(progress["step"], progress.get("committed_step") or 0)
+            self._("stalwart_step").set(step)
+            self._("stalwart_total_steps").set(progress["total_steps"])
+            if progress.get("committed_step") is not None:
+                self._("stalwart_committed_step").set(progress["committed_step"])
+            self._("stalwart_workers").set(progress["workers"])
+            self._("stalwart_generation").set(progress["generation"])
+            self._("stalwart_spares_ready").set(progress["spares"])
+            self._("stalwart_cordoned_nodes").set(progress["cordoned"])
+            self._("stalwart_restarts_left").set(-1 if restarts_left is None else restarts_left)
+            self._count("stalwart_steps_redone_total", steps_redone)
+            for node, sent in sent_bytes.items():
+                self._count("stalwart_replication_sent_bytes_total", sent, node)
+            wall, productive = self._goodput(now, steps_redone * (seconds_per_step or 0.0))
+            self._count("stalwart_wall_seconds_total", wall)
+            self._count("stalwart_productive_seconds_total", productive)
+            means: dict[str, list[float]] = {}
+            ranks = set()
+            for rank, b in beats.items():
+                node = b.get("node_id") or ""
+                ranks.add((str(rank), node))
+                self._("stalwart_heartbeat_age_seconds", rank).set(
+                    max(0.0, now - b.get("received_at", now))
+                )
+                if b.get("compute_seconds") is not None:
+                    self._("stalwart_rank_compute_seconds", rank, node).set(b["compute_seconds"])
+                if b.get("collective_seconds") is not None:
+                    self._("stalwart_rank_collective_wait_seconds", rank, node).set(
+                        b["collective_seconds"]
+                    )
+                if b.get("rss_bytes") is not None:
+                    self._("stalwart_rank_memory_bytes", rank, node).set(b["rss_bytes"])
+                for key in ("samples", "tokens"):
+                    # Per rank: a replaced rank's new process counts from 0 again.
+                    self._count(f"stalwart_{key}_total", float(b.get(key) or 0.0), rank)
+                for name, value in (b.get("metrics") or {}).items():
+                    means.setdefault(name, []).append(float(value))
+                newest = self._seen_steps.get(rank, -1)
+                for step, _compute, cycle in b.get("recent", ()):
+                    if step > newest:
+                        self._("stalwart_step_duration_seconds").observe(cycle)
+                        newest = step
+                self._seen_steps[rank] = newest
+            for name, values in means.items():
+                self._("stalwart_train_metric", name).set(sum(values) / len(values))
+            for rank, score in scores.items():
+                self._("stalwart_straggler_score", rank).set(score)
+            # Ranks gone with a resize or a replacement on another node: drop their series.
+            for rank, node in self._ranks - ranks:
+                for name in (
+                    "stalwart_rank_compute_seconds",
+                    "stalwart_rank_collective_wait_seconds",
+                    "stalwart_rank_memory_bytes",
+                ):
+                    self._remove(name, rank, node)
+            self._ranks = ranks
+
+    def _count(self, name: str, cumulative: float, source: Any = None) -> None:
+        """Advance a counter by what `source`'s cumulative value grew; a value that went
+        down (a new process or agent counting from 0 again) counts from 0."""
+        before = self._last.get((name, source), 0.0)
+        grown = cumulative - before if cumulative >= before else cumulative
+        if grown > 0:
+            self._(name).inc(grown)
+        self._last[(name, source)] = cumulative
+
+    def _remove(self, name: str, *labels: str) -> None:
+        with contextlib.suppress(KeyError):
+            self._m[name].remove(self.job, *labels)
+
+
+def render_docs() -> str:
+    """docs/metrics.md, from DEFINITIONS."""
+    lines = [
+        "# Metrics",
+        "",
+        "Generated from `orchestrator/metrics.py` (`python -m orchestrator.metrics > "
+        "docs/metrics.md`); tests/unit/test_metrics.py fails when this file is stale.",
+        "",
+        "The supervisor serves them at `http://METRICS_HOST:PORT/metrics` (`metrics.host`, "
+        "default 127.0.0.1; `metrics.port`, 0 = a free port, printed at start and written to "
+        "result.json). Every series has a `train_job` label (the job's name).",
+        "",
+        "| name | type | labels | help |",
+        "| --- | --- | --- | --- |",
+    ]
+    for d in DEFINITIONS:
+        labels = ", ".join(f"`{x}`" for x in ("train_job", *d.labels))
+        lines.append(f"| `{d.name}` | {d.kind} | {labels} | {d.help} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render_docs())

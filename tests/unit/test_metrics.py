@@ -1,0 +1,196 @@
+"""orchestrator/metrics.py: definitions, naming rules, event and refresh updates, the
+exporter over real HTTP on loopback, and docs/metrics.md being current."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from orchestrator.metrics import DEFINITIONS, JOB_STATES, JobMetrics, render_docs
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = "demo"
+
+
+def value(m: JobMetrics, metric: str, **labels: str) -> float | None:
+    return m.registry.get_sample_value(metric, {"train_job": JOB, **labels})
+
+
+def test_docs_are_generated_from_the_definitions():
+    assert (REPO / "docs" / "metrics.md").read_text() == render_docs(), (
+        "docs/metrics.md is stale: run `python -m orchestrator.metrics > docs/metrics.md`"
+    )
+
+
+@pytest.mark.parametrize("d", DEFINITIONS, ids=lambda d: d.name)
+def test_names_follow_the_conventions(d):
+    assert re.fullmatch(r"stalwart_[a-z0-9_]+", d.name)
+    assert (d.kind == "counter") == d.name.endswith("_total")
+    assert "step" not in d.labels and "job" not in d.labels and "train_job" not in d.labels
+    if d.kind == "histogram":
+        assert d.name.endswith(("_seconds", "_bytes")), "histograms carry their base unit"
+    assert d.help and not d.help[0].isupper()
+
+
+def test_names_are_unique():
+    names = [d.name for d in DEFINITIONS]
+    assert len(names) == len(set(names))
+
+
+def test_job_state_is_one_series_per_state():
+    m = JobMetrics(JOB)
+    assert value(m, "stalwart_job_state", state="PENDING") == 1
+    m.on_event({"type": "state", "ts": 10.0, "old": "PENDING", "new": "RUNNING"})
+    assert [value(m, "stalwart_job_state", state=s) for s in JOB_STATES] == [
+        1 if s == "RUNNING" else 0 for s in JOB_STATES
+    ]
+
+
+def test_failures_recoveries_and_phases_from_events():
+    m = JobMetrics(JOB)
+    m.on_event(
+        {
+            "type": "decision",
+            "ts": 1.0,
+            "failures": [{"kind": "worker_died"}, {"kind": "node_lost"}, {"kind": "node_lost"}],
+        }
+    )
+    m.on_event(
+        {
+            "type": "recovered",
+            "ts": 2.0,
+            "recovered_after_s": [0.8, 1.2],
+            "phases_s": {"abort": 0.05, "restore": 0.3, "first_step": 0.4},
+            "detected_after_s": [0.1, None],  # the second failure was not injected
+            "decided_after_s": [0.01, 0.02],
+        }
+    )
+    assert value(m, "stalwart_failures_total", kind="worker_died") == 1
+    assert value(m, "stalwart_failures_total", kind="node_lost") == 2
+    assert value(m, "stalwart_recoveries_total", outcome="recovered") == 1
+    assert value(m, "stalwart_recovery_duration_seconds_count") == 2
+    assert value(m, "stalwart_recovery_duration_seconds_sum") == pytest.approx(2.0)
+    assert value(m, "stalwart_recovery_phase_duration_seconds_count", phase="restore") == 1
+    assert value(m, "stalwart_recovery_phase_duration_seconds_count", phase="detect") == 1
+    assert value(m, "stalwart_recovery_phase_duration_seconds_count", phase="decide") == 2
+    # first_step is not a recovery phase of the metric (it is training)
+    assert value(m, "stalwart_recovery_phase_duration_seconds_count", phase="first_step") is None
+    m.on_event({"type": "state", "ts": 3.0, "old": "RECOVERING", "new": "FAILED"})
+    assert value(m, "stalwart_recoveries_total", outcome="gave_up") == 1
+
+
+def test_checkpoint_and_throughput_events():
+    m = JobMetrics(JOB)
+    m.on_event({"type": "persisted", "ts": 1.0, "step": 40})
+    m.on_event({"type": "persist_failed", "ts": 1.0, "step": 50})
+    m.on_event(
+        {
+            "type": "throughput",
+            "ts": 2.0,
+            "steps_per_s": 7.5,
+            "committed_step": 48,
+            "commit_lag_steps": 3,
+        }
+    )
+    m.on_event({"type": "straggler", "ts": 3.0, "rank": 2})
+    assert value(m, "stalwart_persisted_step") == 40
+    assert value(m, "stalwart_persist_failures_total") == 1
+    assert value(m, "stalwart_steps_per_second") == 7.5
+    assert value(m, "stalwart_committed_step") == 48
+    assert value(m, "stalwart_commit_lag_steps") == 3
+    assert value(m, "stalwart_stragglers_flagged_total") == 1
+
+
+def _progress(**kw):
+    p = {
+        "step": 12,
+        "total_steps": 100,
+        "committed_step": 10,
+        "workers": 2,
+        "generation": 1,
+        "spares": 1,
+        "cordoned": 0,
+    }
+    return {**p, **kw}
+
+
+def _beat(step: int, at: float, samples: float, node: str = "node-a", **kw):
+    return {
+        "received_at": at,
+        "compute_seconds": 0.02,
+        "collective_seconds": 0.005,
+        "rss_bytes": 1000,
+        "samples": samples,
+        "tokens": samples * 16,
+        "metrics": {"loss": 2.0 + step / 100},
+        "recent": [(step - 1, 0.02, 0.03)],
+        "node_id": node,
+        **kw,
+    }
+
+
+def test_refresh_sets_gauges_and_advances_counters_monotonically():
+    m = JobMetrics(JOB)
+    beats = {0: _beat(12, 99.5, 64), 1: _beat(12, 99.0, 64, node="node-b")}
+    m.refresh(_progress(), beats, {0: 1.0, 1: 1.4}, 100.0, 3, 0, {"node-a": 1000}, 0.1)
+    assert value(m, "stalwart_step") == 12
+    assert value(m, "stalwart_restarts_left") == 3
+    assert value(m, "stalwart_heartbeat_age_seconds", rank="1") == pytest.approx(1.0)
+    assert value(m, "stalwart_rank_compute_seconds", rank="0", node="node-a") == 0.02
+    assert value(m, "stalwart_straggler_score", rank="1") == 1.4
+    assert value(m, "stalwart_samples_total") == 128
+    assert value(m, "stalwart_tokens_total") == 128 * 16
+    assert value(m, "stalwart_train_metric", name="loss") == pytest.approx(2.12)
+    assert value(m, "stalwart_step_duration_seconds_count") == 2
+    assert value(m, "stalwart_replication_sent_bytes_total") == 1000
+    # Rank 1 is replaced on another node: its count starts again, the counter never drops,
+    # and the old node's series of rank 1 goes.
+    beats = {0: _beat(13, 100.5, 72), 1: _beat(13, 100.4, 8, node="node-c")}
+    # node-a's agent is gone; node-c's new one has sent 500 bytes.
+    m.refresh(_progress(step=13), beats, {}, 101.0, None, 2, {"node-c": 500}, 0.1)
+    # +8 from rank 0; rank 1's new process counts from 0: +8
+    assert value(m, "stalwart_samples_total") == 128 + 8 + 8
+    assert value(m, "stalwart_restarts_left") == -1
+    assert value(m, "stalwart_steps_redone_total") == 2
+    assert value(m, "stalwart_replication_sent_bytes_total") == 1500
+    assert value(m, "stalwart_rank_compute_seconds", rank="1", node="node-b") is None
+    assert value(m, "stalwart_rank_compute_seconds", rank="1", node="node-c") == 0.02
+    # A step already observed is not observed again.
+    m.refresh(_progress(step=13), beats, {}, 101.5, None, 2, {"node-c": 500}, 0.1)
+    assert value(m, "stalwart_step_duration_seconds_count") == 4
+
+
+def test_goodput_leaves_out_recovery_and_redone_steps():
+    m = JobMetrics(JOB)
+    m.on_event({"type": "state", "ts": 1000.0, "old": "SCHEDULING", "new": "RUNNING"})
+    m.on_event({"type": "state", "ts": 1040.0, "old": "RUNNING", "new": "RECOVERING"})
+    m.on_event({"type": "state", "ts": 1050.0, "old": "RECOVERING", "new": "RUNNING"})
+    # 100 s of wall time, 10 s recovering, 5 steps of 1 s redone: 85 s productive.
+    m.refresh(_progress(), {}, {}, 1100.0, 3, 5, {}, 1.0)
+    assert value(m, "stalwart_wall_seconds_total") == pytest.approx(100.0)
+    assert value(m, "stalwart_productive_seconds_total") == pytest.approx(85.0)
+    # The job ends: the wall clock stops with it.
+    m.on_event({"type": "state", "ts": 1120.0, "old": "RUNNING", "new": "SUCCEEDED"})
+    m.refresh(_progress(), {}, {}, 1500.0, 3, 5, {}, 1.0)
+    assert value(m, "stalwart_wall_seconds_total") == pytest.approx(120.0)
+    assert value(m, "stalwart_productive_seconds_total") == pytest.approx(105.0)
+
+
+def test_the_exporter_serves_on_loopback_and_two_jobs_do_not_share_series():
+    a, b = JobMetrics("job-a"), JobMetrics("job-b")
+    port = a.serve("127.0.0.1", 0)
+    try:
+        assert port > 0
+        b.on_event({"type": "state", "ts": 1.0, "old": "PENDING", "new": "RUNNING"})
+        a.on_event({"type": "persisted", "ts": 1.0, "step": 7})
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        assert 'stalwart_persisted_step{train_job="job-a"} 7.0' in text
+        assert 'stalwart_job_state{state="PENDING",train_job="job-a"} 1.0' in text
+        assert "job-b" not in text
+        assert "# TYPE stalwart_failures_total counter" in text
+    finally:
+        a.close()
