@@ -66,6 +66,23 @@ DEFINITIONS: tuple[MetricDef, ...] = (
         "the newest step whose every shard has its copies in memory (the restore point)",
     ),
     MetricDef(
+        "stalwart_committed_timestamp_seconds",
+        "gauge",
+        "when the committed step last moved (unix time)",
+    ),
+    MetricDef(
+        "stalwart_persisted_timestamp_seconds",
+        "gauge",
+        "when the newest durable checkpoint was completed (unix time)",
+    ),
+    MetricDef(
+        "stalwart_gpu_faults_total",
+        "counter",
+        "findings of the GPU health probe, by severity (fatal: node cordoned; application: rank "
+        "restarted; note: reported only)",
+        ("node", "gpu", "severity"),
+    ),
+    MetricDef(
         "stalwart_persisted_step", "gauge", "the newest step written completely to durable storage"
     ),
     MetricDef(
@@ -195,6 +212,7 @@ class JobMetrics:
         self._recovering_since: float | None = None
         self._recovering_s = 0.0  # closed recoveries' downtime
         self._ended: float | None = None
+        self._committed: int | None = None
         self.set_state("PENDING")
 
     def _(self, name: str, *labels: Any) -> Any:
@@ -243,14 +261,22 @@ class JobMetrics:
                         self._(phase, name).observe(seconds)
             elif kind == "persisted":
                 self._("stalwart_persisted_step").set(e["step"])
+                self._("stalwart_persisted_timestamp_seconds").set(e["ts"])
+            elif kind in ("gpu_fatal", "gpu_error", "gpu_note"):
+                severity = {"gpu_fatal": "fatal", "gpu_error": "application"}.get(kind, "note")
+                self._("stalwart_gpu_faults_total", e["node"], e["gpu"], severity).inc()
             elif kind == "persist_failed":
                 self._("stalwart_persist_failures_total").inc()
             elif kind == "straggler":
                 self._("stalwart_stragglers_flagged_total").inc()
             elif kind == "throughput":
                 self._("stalwart_steps_per_second").set(e["steps_per_s"])
-                if e.get("committed_step") is not None:
-                    self._("stalwart_committed_step").set(e["committed_step"])
+                committed = e.get("committed_step")
+                if committed is not None:
+                    if committed != self._committed:
+                        self._committed = committed
+                        self._("stalwart_committed_timestamp_seconds").set(e["ts"])
+                    self._("stalwart_committed_step").set(committed)
                 if e.get("commit_lag_steps") is not None:
                     self._("stalwart_commit_lag_steps").set(e["commit_lag_steps"])
 

@@ -96,9 +96,17 @@ def test_checkpoint_and_throughput_events():
         }
     )
     m.on_event({"type": "straggler", "ts": 3.0, "rank": 2})
+    m.on_event({"type": "throughput", "ts": 4.0, "steps_per_s": 7.0, "committed_step": 48})
+    m.on_event({"type": "gpu_fatal", "ts": 5.0, "node": "n1", "gpu": 3, "reason": "Xid 79"})
+    m.on_event({"type": "gpu_note", "ts": 5.0, "node": "n1", "gpu": 0, "reason": "hot"})
+    assert value(m, "stalwart_persisted_timestamp_seconds") == 1.0
+    # The commit timestamp moves with the committed step, not with every event.
+    assert value(m, "stalwart_committed_timestamp_seconds") == 2.0
+    assert value(m, "stalwart_gpu_faults_total", node="n1", gpu="3", severity="fatal") == 1
+    assert value(m, "stalwart_gpu_faults_total", node="n1", gpu="0", severity="note") == 1
     assert value(m, "stalwart_persisted_step") == 40
     assert value(m, "stalwart_persist_failures_total") == 1
-    assert value(m, "stalwart_steps_per_second") == 7.5
+    assert value(m, "stalwart_steps_per_second") == 7.0
     assert value(m, "stalwart_committed_step") == 48
     assert value(m, "stalwart_commit_lag_steps") == 3
     assert value(m, "stalwart_stragglers_flagged_total") == 1
