@@ -3,9 +3,12 @@ and write OUTPUT/result.json and OUTPUT/events.jsonl."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -15,6 +18,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from orchestrator.spec import JobSpec
+
+log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.25
 
@@ -183,9 +188,20 @@ def run_job(
         result["ray"] = where
         result["output"] = str(out)
         (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+        _linger(spec.metrics.linger_s, result.get("metrics_url"))
         return result
     finally:
         ray.shutdown()
+
+
+def _linger(seconds: float, url: str | None) -> None:
+    """Keep the supervisor (and its exporter) up `seconds` after the job ended, so the end
+    state is scraped (metrics.linger_s); Ctrl-C cuts it short."""
+    if not seconds or not url:
+        return
+    log.info("serving the final metrics at %s for %g s (metrics.linger_s)", url, seconds)
+    with contextlib.suppress(KeyboardInterrupt):
+        threading.Event().wait(seconds)
 
 
 def _wait_for_name(name: str, timeout_s: float = NAME_WAIT_S) -> None:

@@ -250,6 +250,13 @@ class HealthSpec(_Model):
 class MetricsSpec(_Model):
     host: str = Field("127.0.0.1", description="exporter bind address")
     port: int = Field(0, ge=0, le=65535, description="exporter port; 0 picks a free one")
+    linger_s: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="keep serving the final values this long after the job ends, so a "
+        "Prometheus scraping every N s sees the end state (set it above the scrape interval)",
+    )
 
 
 class _FaultBase(_Model):

@@ -1,0 +1,91 @@
+"""A real Prometheus scrapes a real job's exporter through injected failures, with
+stalwart's rules loaded: the metrics are there, and the alerts for the faults fire."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.component.conftest import small_spec
+from tests.component.prometheus import Prometheus, free_port
+
+pytestmark = [pytest.mark.component, pytest.mark.timeout(400)]
+
+RULES = Path(__file__).resolve().parents[2] / "dashboards" / "rules" / "stalwart.rules.yml"
+
+
+@pytest.fixture
+def exporter_port():
+    return free_port()
+
+
+@pytest.fixture
+def prometheus(tmp_path, exporter_port):
+    prom = Prometheus(tmp_path / "prometheus", [f"127.0.0.1:{exporter_port}"], [RULES])
+    yield prom
+    prom.stop()
+    assert not (tmp_path / "prometheus" / "data").exists()
+
+
+def _run_in_background(run, spec):
+    box: dict = {}
+    job = threading.Thread(target=lambda: box.update(result=run(spec)), daemon=True)
+    job.start()
+    return job, box
+
+
+def test_real_prometheus_scrapes_the_job_and_the_fault_alerts_fire(run, prometheus, exporter_port):
+    metrics = {"port": exporter_port, "linger_s": 4}
+    # Job A recovers from a killed worker and is left with one restart.
+    spec_a = small_spec(
+        name="prom-a",
+        steps=150,
+        metrics=metrics,
+        failure__max_restarts=2,
+        chaos__faults=[{"kind": "kill_worker", "rank": 1, "at_step": 20}],
+    )
+    job, box = _run_in_background(run, spec_a)
+    up = prometheus.wait_for('up{job="stalwart"} == 1', timeout_s=120)
+    assert up[0]["metric"]["instance"] == f"127.0.0.1:{exporter_port}"
+    fired = prometheus.wait_for(
+        'ALERTS{alertname="StalwartRestartBudgetLow",alertstate="firing",train_job="prom-a"}',
+        timeout_s=120,
+    )
+    assert fired[0]["metric"]["severity"] == "ticket"
+    job.join(timeout=240)
+    assert box["result"]["status"] == "succeeded", box["result"]["error"]
+    window = "[5m]"
+    a = 'train_job="prom-a"'
+    for promql in (
+        f'max_over_time(stalwart_failures_total{{{a},kind="worker_died"}}{window}) == 1',
+        f'max_over_time(stalwart_recoveries_total{{{a},outcome="recovered"}}{window}) == 1',
+        f"max_over_time(stalwart_step{{{a}}}{window}) >= 140",
+        f'max_over_time(stalwart_job_state{{{a},state="SUCCEEDED"}}{window}) == 1',
+        f"max_over_time(stalwart_samples_total{{{a}}}{window}) > 0",
+        f'max_over_time(stalwart_train_metric{{{a},name="loss"}}{window}) > 0',
+        f"max_over_time(stalwart_recovery_duration_seconds_count{{{a}}}{window}) == 1",
+        f"max_over_time(stalwart_productive_seconds_total{{{a}}}{window}) > 0",
+        f"count(max_over_time(stalwart_heartbeat_age_seconds{{{a}}}{window})) == 4",
+        f"histogram_quantile(0.5, sum by (le) (max_over_time("
+        f"stalwart_step_duration_seconds_bucket{{{a}}}{window}))) > 0",
+    ):
+        assert prometheus.query(promql), f"no data: {promql}"
+
+    # Job B has no restart budget: the kill fails it, and the linger lets Prometheus see it.
+    spec_b = small_spec(
+        name="prom-b",
+        steps=150,
+        metrics=metrics,
+        failure__max_restarts=0,
+        chaos__faults=[{"kind": "kill_worker", "rank": 2, "at_step": 10}],
+    )
+    job, box = _run_in_background(run, spec_b)
+    failed = prometheus.wait_for(
+        'ALERTS{alertname="StalwartJobFailed",alertstate="firing",train_job="prom-b"}',
+        timeout_s=180,
+    )
+    assert failed[0]["metric"]["severity"] == "page"
+    job.join(timeout=120)
+    assert box["result"]["status"] == "failed"
