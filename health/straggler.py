@@ -31,6 +31,7 @@ class StragglerConfig:
     consecutive_windows: int = 2
     min_excess_s: float = 0.005
     warmup_steps: int = 0  # steps of each generation not judged (the monitor applies it)
+    min_duration_s: float = 0.0  # seconds of slow steps before a flag (the monitor applies it)
 
     @property
     def span(self) -> int:

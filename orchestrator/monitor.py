@@ -35,7 +35,12 @@ class HealthMonitor:
         self.cfg = health
         s = health.straggler
         self.straggler_cfg = StragglerConfig(
-            s.threshold, s.window_steps, s.consecutive_windows, s.min_excess_s, s.warmup_steps
+            s.threshold,
+            s.window_steps,
+            s.consecutive_windows,
+            s.min_excess_s,
+            s.warmup_steps,
+            s.min_duration_s,
         )
         self.nodes: dict[str, NodeView] = {}
         self.ranks: dict[int, _Rank] = {}
@@ -51,6 +56,7 @@ class HealthMonitor:
         self.flagged_since: dict[int, int] = {}  # rank -> first step its flag rests on
         self._calm: dict[int, int] = {}  # flagged rank -> evaluated steps since its last flag
         self._judge_from: int | None = None  # the generation's first step + warm-up
+        self._slow_s: dict[int, float] = {}  # rank -> seconds of steps its slow verdicts span
 
     # --- nodes ------------------------------------------------------------------------------
 
@@ -92,6 +98,7 @@ class HealthMonitor:
         self.flagged_since: dict[int, int] = {}  # rank -> first step its flag rests on
         self._calm: dict[int, int] = {}  # flagged rank -> evaluated steps since its last flag
         self._judge_from = None
+        self._slow_s = {}
 
     def beat(self, rank: int, beat: dict[str, Any]) -> None:
         r = self.ranks.get(rank)
@@ -160,8 +167,17 @@ class HealthMonitor:
             upto = {r: {s: h[s] for s in window} for r, h in self.history.items()}
             report, reason = straggler_scores(upto, self.straggler_cfg)
             for rank in report.flagged:
-                self.flagged_since.setdefault(rank, t)
+                # A flag needs evidence spanning min_duration_s of steps, not only the
+                # windows' step count: a burst of fast steps can be slow for a moment.
+                if rank in self._slow_s:
+                    self._slow_s[rank] += self._step_s(t)
+                else:
+                    self._slow_s[rank] = sum(self._step_s(s) for s in window)
+                if self._slow_s[rank] >= self.straggler_cfg.min_duration_s:
+                    self.flagged_since.setdefault(rank, t)
                 self._calm.pop(rank, None)
+            for rank in [r for r in self._slow_s if r not in report.flagged]:
+                del self._slow_s[rank]
             # A flag clears only after a full span of steps without it: a straggler whose
             # score hovers at the threshold is one alert, not a flapping one.
             for rank in [r for r in self.flagged_since if r not in report.flagged]:
@@ -173,6 +189,11 @@ class HealthMonitor:
             self.last_scores = dict(report.scores)
         self._verdict = (report, reason)
         return report, reason
+
+    def _step_s(self, step: int) -> float:
+        """The job's wall time of `step` (median over the ranks that reported it)."""
+        times = [w[step] for w in self.wall.values() if step in w]
+        return statistics.median(times) if times else 0.0
 
     def steps_per_s(self, through_step: int, steps: int) -> float | None:
         """The job's rate over the `steps` steps ending at `through_step` (median step time

@@ -189,6 +189,13 @@ class StragglerSpec(_Model):
         ge=0,
         description="ignore differences smaller than this many seconds per step (timer noise)",
     )
+    min_duration_s: float = Field(
+        3.0,
+        ge=0,
+        description="flag only a slowdown whose evidence spans at least this many seconds of "
+        "steps: at 30 steps/s two windows are 0.3 s, the length of a GC pause or a "
+        "neighbour's burst, not of a sick GPU",
+    )
     warmup_steps: int = Field(
         10,
         ge=0,

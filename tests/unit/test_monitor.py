@@ -18,11 +18,13 @@ SLOW_S = 0.06  # a straggler's: 3x, well over threshold 2.0 and min_excess_s
 
 
 def monitor(**health: Any) -> HealthMonitor:
-    """A monitor without the straggler warm-up unless a test sets one: most tests here are
-    about the verdict's steps, and a warm-up would shift them all."""
+    """A monitor without the straggler warm-up and minimum duration unless a test sets them:
+    most tests here are about the verdict's steps, and those would shift them all."""
     s = health.get("straggler", StragglerSpec())
-    if "warmup_steps" not in s.model_fields_set:
-        health["straggler"] = s.model_copy(update={"warmup_steps": 0})
+    for field in ("warmup_steps", "min_duration_s"):
+        if field not in s.model_fields_set:
+            s = s.model_copy(update={field: 0})
+    health["straggler"] = s
     return HealthMonitor(HealthSpec(**health))
 
 
@@ -422,9 +424,39 @@ def test_the_warm_up_of_each_generation_is_not_judged(clock):
     assert m.stragglers()[0].flagged == (1,) and m.flagged_since == {1: 54}
 
 
+def test_a_flag_needs_min_duration_s_of_slow_steps(clock):
+    # A step's time is the median of the ranks' cycles here 0.05 s (0.03 and 0.07): the
+    # first verdict (step 9) rests on 10 steps, 0.5 s; with min_duration_s=0.98 the flag
+    # comes when the run of slow verdicts spans 1.0 s: 10 more steps, at step 19.
+    m = monitor(straggler=StragglerSpec(min_duration_s=0.98))
+    two_ranks(m, clock())
+    feed(m, range(12), clock.now + 1, slow={1: SLOW_S})
+    assert m.stragglers()[0].flagged == (1,)  # the verdict ...
+    assert m.flagged_since == {}  # ... not yet a flag
+    feed(m, range(12, 20), clock.now + 2, slow={1: SLOW_S})
+    m.stragglers()
+    assert m.flagged_since == {1: 19}
+
+
+def test_a_short_burst_is_never_flagged(clock):
+    # Rank 1 is slow for 12 steps only (verdicts spanning 0.6 s), then fast: no flag.
+    m = monitor(straggler=StragglerSpec(min_duration_s=1.0))
+    two_ranks(m, clock())
+    feed(m, range(12), clock.now + 1, slow={1: SLOW_S})
+    m.stragglers()
+    feed(m, range(12, 40), clock.now + 2)
+    m.stragglers()
+    assert m.flagged_since == {}
+    # A later slowdown counts from its own start.
+    feed(m, range(40, 50), clock.now + 3, slow={1: SLOW_S})
+    m.stragglers()
+    assert m.flagged_since == {}
+
+
 def test_warm_up_is_on_by_default():
     assert HealthSpec().straggler.warmup_steps == 10
     assert HealthMonitor(HealthSpec()).straggler_cfg.warmup_steps == 10
+    assert HealthSpec().straggler.min_duration_s == 3.0
 
 
 def test_only_steps_every_rank_reported_are_judged(clock):
