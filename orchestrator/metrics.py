@@ -203,6 +203,10 @@ class JobMetrics:
             # prometheus-client adds `_total` to a counter's samples itself.
             name = d.name.removesuffix("_total") if d.kind == "counter" else d.name
             self._m[d.name] = kinds[d.kind](name, d.help, ("train_job", *d.labels), **kw)
+            if not d.labels and d.kind != "gauge":
+                # Counters and histograms start at 0 (absent would read "never measured");
+                # gauges appear once they have a value (a persisted step of 0 would lie).
+                self._m[d.name].labels(job)
         self._lock = threading.Lock()
         self._server: Any = None
         self._last: dict[tuple[str, Any], float] = {}  # (counter, source) -> counted so far

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from dashboards.definitions import ALL
 from tests.component.conftest import small_spec
 from tests.component.prometheus import Prometheus, free_port
 
@@ -36,15 +37,29 @@ def _run_in_background(run, spec):
     return job, box
 
 
-def test_real_prometheus_scrapes_the_job_and_the_fault_alerts_fire(run, prometheus, exporter_port):
+def _panel_queries():
+    for name, make in ALL.items():
+        for panel in make()["panels"]:
+            for target in panel.get("targets", ()):
+                yield name, panel["title"], target["expr"]
+
+
+def test_real_prometheus_scrapes_the_job_and_the_fault_alerts_fire(
+    run, prometheus, exporter_port, tmp_path
+):
     metrics = {"port": exporter_port, "linger_s": 4}
-    # Job A recovers from a killed worker and is left with one restart.
+    # Job A recovers from a killed worker and from a GPU's application Xid, persists
+    # checkpoints, and is left with one restart.
     spec_a = small_spec(
         name="prom-a",
-        steps=150,
+        steps=400,
         metrics=metrics,
-        failure__max_restarts=2,
-        chaos__faults=[{"kind": "kill_worker", "rank": 1, "at_step": 20}],
+        failure__max_restarts=3,
+        checkpoint__persist={"uri": str(tmp_path / "durable"), "every_steps": 20},
+        chaos__faults=[
+            {"kind": "kill_worker", "rank": 1, "at_step": 20},
+            {"kind": "gpu_xid", "rank": 2, "xid": 13, "at_step": 60},
+        ],
     )
     job, box = _run_in_background(run, spec_a)
     up = prometheus.wait_for('up{job="stalwart"} == 1', timeout_s=120)
@@ -54,18 +69,30 @@ def test_real_prometheus_scrapes_the_job_and_the_fault_alerts_fire(run, promethe
         timeout_s=120,
     )
     assert fired[0]["metric"]["severity"] == "ticket"
+    # Every dashboard panel's query, its variables filled in, has data while the job runs.
+    prometheus.wait_for('stalwart_recoveries_total{train_job="prom-a"} == 2', timeout_s=120)
+    for board, panel, expr in _panel_queries():
+        promql = (
+            expr.replace("$train_job", "prom-a")
+            .replace("$__rate_interval", "10s")
+            .replace("$__range", "5m")
+        )
+        assert job.is_alive(), f"job A ended before {board} / {panel} was checked"
+        prometheus.wait_for(promql, timeout_s=30)
     job.join(timeout=240)
     assert box["result"]["status"] == "succeeded", box["result"]["error"]
     window = "[5m]"
     a = 'train_job="prom-a"'
     for promql in (
         f'max_over_time(stalwart_failures_total{{{a},kind="worker_died"}}{window}) == 1',
-        f'max_over_time(stalwart_recoveries_total{{{a},outcome="recovered"}}{window}) == 1',
-        f"max_over_time(stalwart_step{{{a}}}{window}) >= 140",
+        f'max_over_time(stalwart_failures_total{{{a},kind="gpu_error"}}{window}) == 1',
+        f'max_over_time(stalwart_recoveries_total{{{a},outcome="recovered"}}{window}) == 2',
+        f"max_over_time(stalwart_step{{{a}}}{window}) >= 390",
+        f"max_over_time(stalwart_persisted_step{{{a}}}{window}) >= 380",
         f'max_over_time(stalwart_job_state{{{a},state="SUCCEEDED"}}{window}) == 1',
         f"max_over_time(stalwart_samples_total{{{a}}}{window}) > 0",
         f'max_over_time(stalwart_train_metric{{{a},name="loss"}}{window}) > 0',
-        f"max_over_time(stalwart_recovery_duration_seconds_count{{{a}}}{window}) == 1",
+        f"max_over_time(stalwart_recovery_duration_seconds_count{{{a}}}{window}) == 2",
         f"max_over_time(stalwart_productive_seconds_total{{{a}}}{window}) > 0",
         f"count(max_over_time(stalwart_heartbeat_age_seconds{{{a}}}{window})) == 4",
         f"histogram_quantile(0.5, sum by (le) (max_over_time("

@@ -40,6 +40,15 @@ def test_names_are_unique():
     assert len(names) == len(set(names))
 
 
+def test_counters_start_at_zero_and_gauges_appear_with_a_value():
+    m = JobMetrics(JOB)
+    assert value(m, "stalwart_steps_redone_total") == 0
+    assert value(m, "stalwart_recovery_duration_seconds_count") == 0
+    # No durable checkpoint yet: no series (a 0 would read as "persisted at 1970").
+    assert value(m, "stalwart_persisted_timestamp_seconds") is None
+    assert value(m, "stalwart_committed_timestamp_seconds") is None
+
+
 def test_job_state_is_one_series_per_state():
     m = JobMetrics(JOB)
     assert value(m, "stalwart_job_state", state="PENDING") == 1
