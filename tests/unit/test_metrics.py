@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.metrics import DEFINITIONS, JOB_STATES, JobMetrics, render_docs
+from orchestrator.state import JobState
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = "demo"
@@ -47,6 +48,10 @@ def test_counters_start_at_zero_and_gauges_appear_with_a_value():
     # No durable checkpoint yet: no series (a 0 would read as "persisted at 1970").
     assert value(m, "stalwart_persisted_timestamp_seconds") is None
     assert value(m, "stalwart_committed_timestamp_seconds") is None
+
+
+def test_the_state_series_are_the_state_machines_states():
+    assert set(JOB_STATES) == {s.value for s in JobState}
 
 
 def test_job_state_is_one_series_per_state():
