@@ -29,17 +29,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from orchestrator.state import JobState
+
 log = logging.getLogger(__name__)
 
-JOB_STATES = (
-    "PENDING",
-    "SCHEDULING",
-    "RUNNING",
-    "RECOVERING",
-    "SUCCEEDED",
-    "FAILED",
-    "CANCELLED",
-)
+JOB_STATES = tuple(s.value for s in JobState)
 RECOVERY_PHASES = ("detect", "decide", "abort", "replace", "rendezvous", "reenter", "restore")
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

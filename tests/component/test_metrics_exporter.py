@@ -14,16 +14,11 @@ import urllib.request
 import pytest
 
 from tests.component.conftest import events_of, small_spec
+from tests.component.prometheus import free_port
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(300)]
 
 SAMPLE = re.compile(r"^([a-z_]+)(\{[^}]*\})? ([-+0-9.eE]+|NaN)$")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _parse(text: str) -> dict[tuple[str, str], float]:
@@ -43,7 +38,7 @@ def _get(parsed: dict, metric: str, **labels: str) -> float | None:
 
 
 def test_exporter_serves_the_jobs_metrics_while_it_runs_and_recovers(run):
-    port = _free_port()
+    port = free_port()
     spec = small_spec(
         name="metrics-ct",
         steps=150,  # ~15 s: scrapes before, during and well after the recovery
@@ -99,7 +94,7 @@ def test_exporter_serves_the_jobs_metrics_while_it_runs_and_recovers(run):
 
 
 def test_exporter_is_not_reachable_from_outside_loopback_by_default(run):
-    port = _free_port()
+    port = free_port()
     spec = small_spec(name="metrics-lo", steps=60, metrics={"port": port})
     box: dict = {}
     job = threading.Thread(target=lambda: box.update(result=run(spec)), daemon=True)
