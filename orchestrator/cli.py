@@ -207,5 +207,10 @@ def uncordon(node: str, job: str, address: str) -> None:
         ray.shutdown()
 
 
+from dashboards.cli import dashboards as _dashboards  # noqa: E402
+
+main.add_command(_dashboards)
+
+
 if __name__ == "__main__":
     main()
