@@ -168,6 +168,36 @@ def run(
 
 
 @main.command()
+@click.argument("run_dir", type=click.Path())
+@click.option(
+    "--output",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="where to write the figures and index.html (default RUN_DIR/report)",
+)
+@_format_option("json: print the written files as a JSON list")
+def report(run_dir: str, output: str | None, fmt: str) -> None:
+    """Render PNG figures and an HTML page from RUN_DIR's events.jsonl and result.json."""
+    from rich.markup import escape
+
+    from orchestrator.report import ReportError, build_report
+
+    err = Console(stderr=True)
+    try:
+        written = build_report(run_dir, output)
+    except ReportError as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_USAGE)
+    for warning in written.warnings:
+        err.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
+    if fmt == "json":
+        click.echo(json.dumps([str(p) for p in written.files]))
+    else:
+        for path in written.files:
+            click.echo(str(path))
+
+
+@main.command()
 @click.argument("node")
 @click.option("--job", "job", required=True, help="the running job's name")
 @click.option(
