@@ -261,6 +261,29 @@ def checkpoints() -> dict[str, Any]:
                 "Bps",
                 "bytes per second of shards copied to peers' memory",
             ),
+            Panel(
+                "Checkpoint duration by tier (mean)",
+                "timeseries",
+                (
+                    Target(
+                        "sum by (tier) (rate("
+                        f"stalwart_checkpoint_duration_seconds_sum{{{JOB}}}{RATE})) / "
+                        "sum by (tier) (rate("
+                        f"stalwart_checkpoint_duration_seconds_count{{{JOB}}}{RATE}))",
+                        "{{tier}}",
+                    ),
+                ),
+                "s",
+                "memory: a rank's snapshot; peer: a round of copies to peers; durable: one "
+                "complete checkpoint on storage",
+            ),
+            Panel(
+                "Checkpoint size by tier",
+                "timeseries",
+                (Target(f"max by (tier) (stalwart_checkpoint_bytes{{{JOB}}})", "{{tier}}"),),
+                "bytes",
+                "memory: the job's snapshot, all ranks; durable: the newest checkpoint on storage",
+            ),
             Row("Recovery"),
             Panel(
                 "Recoveries",
@@ -380,6 +403,61 @@ def nodes() -> dict[str, Any]:
                 "none",
                 "fatal (node cordoned), application (rank restarted), note (reported)",
                 w=12,
+            ),
+            Panel(
+                "Xid events by code",
+                "bargauge",
+                (
+                    Target(
+                        "sum by (node, gpu, xid) (increase("
+                        f"stalwart_gpu_xid_total{{{JOB}}}{RANGE}))",
+                        "{{node}} GPU {{gpu}} Xid {{xid}}",
+                        instant=True,
+                    ),
+                ),
+                "none",
+                "critical Xid events read by the GPU probe in the time range (docs/health.md)",
+                w=12,
+            ),
+            Panel(
+                "GPU temperature",
+                "timeseries",
+                (
+                    Target(
+                        f"max by (node, gpu) (stalwart_gpu_temperature_celsius{{{JOB}}})",
+                        "{{node}} GPU {{gpu}}",
+                    ),
+                ),
+                "celsius",
+                "each GPU's core temperature at the probe's readings",
+            ),
+            Panel(
+                "GPU power",
+                "timeseries",
+                (
+                    Target(
+                        f"max by (node, gpu) (stalwart_gpu_power_watts{{{JOB}}})",
+                        "{{node}} GPU {{gpu}}",
+                    ),
+                ),
+                "watt",
+                "each GPU's power draw",
+            ),
+            Panel(
+                "ECC errors and retired pages",
+                "timeseries",
+                (
+                    Target(
+                        f"max by (node, gpu) (stalwart_gpu_ecc_uncorrected_errors{{{JOB}}})",
+                        "{{node}} GPU {{gpu}} uncorrected ECC",
+                    ),
+                    Target(
+                        f"max by (node, gpu) (stalwart_gpu_retired_pages{{{JOB}}})",
+                        "{{node}} GPU {{gpu}} retired pages",
+                    ),
+                ),
+                "short",
+                "volatile uncorrected ECC errors (counted as NVML reports them) and retired pages",
             ),
         ],
     )

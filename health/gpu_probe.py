@@ -31,9 +31,13 @@ class GpuProbe(Protocol):
 
 
 class FakeGpuProbe:
-    """A node's GPUs as the chaos injector says they are."""
+    """A node's GPUs as the chaos injector says they are: healthy (a constant
+    IDLE_TEMPERATURE_C and IDLE_POWER_W, so the readings' path is exercised end to end)
+    until a fault is injected."""
 
     kind = "fake"
+    IDLE_TEMPERATURE_C = 35.0
+    IDLE_POWER_W = 60.0
 
     def __init__(self, node: str, n_gpus: int = 8, clock=time.time):
         self.node = node
@@ -62,6 +66,8 @@ class FakeGpuProbe:
                     i,
                     now,
                     xids=tuple(xids.get(i, ())),
+                    temperature_c=None if i in self._lost else self.IDLE_TEMPERATURE_C,
+                    power_w=None if i in self._lost else self.IDLE_POWER_W,
                     ecc_uncorrected=self._ecc.get(i, 0),
                     lost=i in self._lost,
                 )

@@ -23,19 +23,24 @@ import contextlib
 import logging
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from health.observations import FailureKind
 from orchestrator.state import JobState
 
 log = logging.getLogger(__name__)
 
 JOB_STATES = tuple(s.value for s in JobState)
+RECOVERY_OUTCOMES = ("recovered", "gave_up")
+GPU_SEVERITIES = ("fatal", "application", "note")
 RECOVERY_PHASES = ("detect", "decide", "abort", "replace", "rendezvous", "reenter", "restore")
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+MAX_OBSERVED_PER_POLL = 1000  # checkpoints of one source observed per poll, at most
+CHECKPOINT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -77,7 +82,60 @@ DEFINITIONS: tuple[MetricDef, ...] = (
         ("node", "gpu", "severity"),
     ),
     MetricDef(
+        "stalwart_gpu_xid_total",
+        "counter",
+        "critical Xid events the GPU health probe read, by code (docs/health.md: what each means)",
+        ("node", "gpu", "xid"),
+    ),
+    MetricDef(
+        "stalwart_gpu_temperature_celsius",
+        "gauge",
+        "a GPU's core temperature at the probe's last reading",
+        ("node", "gpu"),
+    ),
+    MetricDef(
+        "stalwart_gpu_power_watts",
+        "gauge",
+        "a GPU's power draw at the probe's last reading",
+        ("node", "gpu"),
+    ),
+    MetricDef(
+        "stalwart_gpu_ecc_uncorrected_errors",
+        "gauge",
+        "a GPU's volatile uncorrected (double-bit) ECC error count, as NVML reports it",
+        ("node", "gpu"),
+    ),
+    MetricDef(
+        "stalwart_gpu_retired_pages",
+        "gauge",
+        "a GPU's memory pages retired for ECC errors",
+        ("node", "gpu"),
+    ),
+    MetricDef(
+        "stalwart_gpu_up",
+        "gauge",
+        "1 while the probe reads a GPU, 0 once it is lost or cannot be read",
+        ("node", "gpu"),
+    ),
+    MetricDef(
         "stalwart_persisted_step", "gauge", "the newest step written completely to durable storage"
+    ),
+    MetricDef(
+        "stalwart_checkpoint_duration_seconds",
+        "histogram",
+        "time to checkpoint, by tier: memory = a rank's snapshot (capture on the step plus the "
+        "hand-over to its node's store), peer = a node's round of copies to its peers, durable "
+        "= one complete durable checkpoint. Memory and peer observe the mean of the snapshots "
+        "or rounds between two polls, once for each",
+        ("tier",),
+        CHECKPOINT_BUCKETS,
+    ),
+    MetricDef(
+        "stalwart_checkpoint_bytes",
+        "gauge",
+        "size of the newest checkpoint, by tier: memory = the job's snapshot (all ranks' "
+        "shards), durable = the newest durable checkpoint",
+        ("tier",),
     ),
     MetricDef(
         "stalwart_commit_lag_steps",
@@ -201,9 +259,16 @@ class JobMetrics:
                 # Counters and histograms start at 0 (absent would read "never measured");
                 # gauges appear once they have a value (a persisted step of 0 would lie).
                 self._m[d.name].labels(job)
+        # Labelled counters whose label values are known start at 0 too: a series born at 1
+        # has no increase() in Prometheus, and the first failure of a kind would not count.
+        for kind in FailureKind:
+            self._m["stalwart_failures_total"].labels(job, kind.value)
+        for outcome in RECOVERY_OUTCOMES:
+            self._m["stalwart_recoveries_total"].labels(job, outcome)
         self._lock = threading.Lock()
         self._server: Any = None
         self._last: dict[tuple[str, Any], float] = {}  # (counter, source) -> counted so far
+        self._mean_marks: dict[tuple[str, str, Any], tuple[int, float]] = {}
         self._ranks: set[tuple[str, ...]] = set()
         self._seen_steps: dict[int, int] = {}  # rank -> newest step observed in the histogram
         self._started: float | None = None  # first RUNNING
@@ -211,6 +276,8 @@ class JobMetrics:
         self._recovering_s = 0.0  # closed recoveries' downtime
         self._ended: float | None = None
         self._committed: int | None = None
+        self._gpus: set[tuple[str, int]] = set()  # (node, GPU) read so far
+        self.goodput: float | None = None  # productive / wall seconds, as of the last refresh
         self.set_state("PENDING")
 
     def _(self, name: str, *labels: Any) -> Any:
@@ -242,9 +309,6 @@ class JobMetrics:
                     self._ended = e["ts"]
                 if e["new"] == "FAILED" and e.get("old") == "RECOVERING":
                     self._("stalwart_recoveries_total", "gave_up").inc()
-            elif kind == "decision":
-                for f in e.get("failures", ()):
-                    self._("stalwart_failures_total", f["kind"]).inc()
             elif kind == "recovered":
                 self._("stalwart_recoveries_total", "recovered").inc()
                 for seconds in e.get("recovered_after_s", ()):
@@ -260,6 +324,10 @@ class JobMetrics:
             elif kind == "persisted":
                 self._("stalwart_persisted_step").set(e["step"])
                 self._("stalwart_persisted_timestamp_seconds").set(e["ts"])
+                if e.get("seconds") is not None:
+                    self._("stalwart_checkpoint_duration_seconds", "durable").observe(e["seconds"])
+                if e.get("bytes") is not None:
+                    self._("stalwart_checkpoint_bytes", "durable").set(e["bytes"])
             elif kind in ("gpu_fatal", "gpu_error", "gpu_note"):
                 severity = {"gpu_fatal": "fatal", "gpu_error": "application"}.get(kind, "note")
                 self._("stalwart_gpu_faults_total", e["node"], e["gpu"], severity).inc()
@@ -277,6 +345,14 @@ class JobMetrics:
                     self._("stalwart_committed_step").set(committed)
                 if e.get("commit_lag_steps") is not None:
                     self._("stalwart_commit_lag_steps").set(e["commit_lag_steps"])
+
+    def count_failures(self, kinds: Sequence[str]) -> None:
+        """Count failures as the supervisor records them (result.json's `failures`): after
+        a decision, with their final kind (a dead worker whose node turns out lost counts
+        as node_lost) and without the collective errors that were only a symptom."""
+        with self._lock:
+            for kind in kinds:
+                self._("stalwart_failures_total", kind).inc()
 
     def set_state(self, state: str, at: float | None = None) -> None:
         for s in JOB_STATES:
@@ -313,13 +389,13 @@ class JobMetrics:
         now: float,
         restarts_left: int | None,
         steps_redone: int,
-        sent_bytes: Mapping[str, int],
+        replication: Mapping[str, Mapping[str, Any]],
         seconds_per_step: float | None,
     ) -> None:
         """Set what the supervisor knows after an agent poll. `beats`: rank -> the rank's
-        newest heartbeat of this generation (with its `node_id`); `sent_bytes`: node -> its
-        agent's bytes sent to peers so far; `seconds_per_step`: the job's typical step, to
-        price the steps redone."""
+        newest heartbeat of this generation (with its `node_id`); `replication`: node -> its
+        agent's replicator status (cumulative sent_bytes, rounds, seconds);
+        `seconds_per_step`: the job's typical step, to price the steps redone."""
         with self._lock:
             # Between generations no rank of the new one has beaten yet: the restore point
             # (the committed step) stands for the step, not 0.
@@ -334,13 +410,16 @@ class JobMetrics:
             self._("stalwart_cordoned_nodes").set(progress["cordoned"])
             self._("stalwart_restarts_left").set(-1 if restarts_left is None else restarts_left)
             self._count("stalwart_steps_redone_total", steps_redone)
-            for node, sent in sent_bytes.items():
-                self._count("stalwart_replication_sent_bytes_total", sent, node)
+            for node, rep in replication.items():
+                self._count("stalwart_replication_sent_bytes_total", rep.get("sent_bytes", 0), node)
+                self._observe_mean("peer", node, rep.get("rounds", 0), rep.get("seconds", 0.0))
             wall, productive = self._goodput(now, steps_redone * (seconds_per_step or 0.0))
+            self.goodput = round(productive / wall, 4) if wall > 0 else None
             self._count("stalwart_wall_seconds_total", wall)
             self._count("stalwart_productive_seconds_total", productive)
             means: dict[str, list[float]] = {}
             ranks = set()
+            snapshot_bytes = 0
             for rank, b in beats.items():
                 node = b.get("node_id") or ""
                 ranks.add((str(rank), node))
@@ -360,6 +439,16 @@ class JobMetrics:
                     self._count(f"stalwart_{key}_total", float(b.get(key) or 0.0), rank)
                 for name, value in (b.get("metrics") or {}).items():
                     means.setdefault(name, []).append(float(value))
+                snap = b.get("snapshot") or {}
+                if snap:
+                    # Per process: a replaced rank's new process counts from 0 again.
+                    self._observe_mean(
+                        "memory",
+                        (rank, b.get("pid")),
+                        snap.get("captures", 0),
+                        snap.get("capture_seconds", 0.0) + snap.get("handover_seconds", 0.0),
+                    )
+                    snapshot_bytes += snap.get("last_bytes") or 0
                 newest = self._seen_steps.get(rank, -1)
                 for step, _compute, cycle in b.get("recent", ()):
                     if step > newest:
@@ -368,6 +457,8 @@ class JobMetrics:
                 self._seen_steps[rank] = newest
             for name, values in means.items():
                 self._("stalwart_train_metric", name).set(sum(values) / len(values))
+            if snapshot_bytes:
+                self._("stalwart_checkpoint_bytes", "memory").set(snapshot_bytes)
             for rank, score in scores.items():
                 self._("stalwart_straggler_score", rank).set(score)
             # Ranks gone with a resize or a replacement on another node: drop their series.
@@ -379,6 +470,49 @@ class JobMetrics:
                 ):
                     self._remove(name, rank, node)
             self._ranks = ranks
+
+    def gpu_readings(self, node: str, gpus: Sequence[Mapping[str, Any]]) -> None:
+        """Set one node's GPU probe readings (the agent's report: each GPU's newest reading
+        and the Xid codes read since the previous report)."""
+        with self._lock:
+            for g in gpus:
+                index = g["index"]
+                if (node, index) not in self._gpus:
+                    # The probe's findings of this GPU start at 0 (see __init__).
+                    self._gpus.add((node, index))
+                    for severity in GPU_SEVERITIES:
+                        self._("stalwart_gpu_faults_total", node, index, severity)
+                for xid in g.get("xids") or ():
+                    self._("stalwart_gpu_xid_total", node, index, xid).inc()
+                for name, key in (
+                    ("stalwart_gpu_temperature_celsius", "temperature_c"),
+                    ("stalwart_gpu_power_watts", "power_w"),
+                ):
+                    if g.get(key) is not None:
+                        self._(name, node, index).set(g[key])
+                self._("stalwart_gpu_ecc_uncorrected_errors", node, index).set(
+                    g.get("ecc_uncorrected") or 0
+                )
+                self._("stalwart_gpu_retired_pages", node, index).set(g.get("retired_pages") or 0)
+                self._("stalwart_gpu_up", node, index).set(
+                    0 if g.get("lost") or g.get("error") else 1
+                )
+
+    def _observe_mean(self, tier: str, source: Any, count: int, seconds: float) -> None:
+        """Observe the checkpoints of `tier` that `source`'s cumulative (count, seconds)
+        grew by since the last call, each at their mean duration."""
+        key = ("checkpoint", tier, source)
+        before_n, before_s = self._mean_marks.get(key, (0, 0.0))
+        if count < before_n:
+            before_n, before_s = 0, 0.0  # a new process or agent counting from 0 again
+        self._mean_marks[key] = (count, seconds)
+        new = count - before_n
+        if new > 0:
+            mean = max(0.0, seconds - before_s) / new
+            histogram = self._("stalwart_checkpoint_duration_seconds", tier)
+            # Bounded: an adopted job's processes (a restarted supervisor) may show thousands.
+            for _ in range(min(new, MAX_OBSERVED_PER_POLL)):
+                histogram.observe(mean)
 
     def _count(self, name: str, cumulative: float, source: Any = None) -> None:
         """Advance a counter by what `source`'s cumulative value grew; a value that went

@@ -206,6 +206,16 @@ class HealthMonitor:
         ]
         return round(1 / statistics.median(times), 3) if times else None
 
+    def rank_step_times(self, after_step: int, through_step: int) -> dict[int, float]:
+        """rank -> its median compute seconds over the steps in (after_step, through_step]
+        (ranks with no step there are left out): the per-rank picture of a time window."""
+        out = {}
+        for rank, h in self.history.items():
+            times = [t for s, t in h.items() if after_step < s <= through_step]
+            if times:
+                out[rank] = round(statistics.median(times), 6)
+        return out
+
     def ranks_on(self, node: str) -> list[int]:
         return sorted(r for r, v in self.ranks.items() if v.node == node)
 

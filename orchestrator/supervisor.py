@@ -164,6 +164,7 @@ class JobSupervisor:
         self.poller = ReportPoller(lambda node: self.agents[node].report.remote(), self.monitor)
         self._last_ray_check = 0.0
         self._throughput_mark: tuple[float, int] | None = None
+        self._last_rate: float | None = None  # steps/s of the newest throughput event
         self.home_node = ray.get_runtime_context().get_node_id()
         self.handle = None  # this actor's own handle, for workers to report faults to
         persist = self.spec.checkpoint.persist
@@ -254,6 +255,8 @@ class JobSupervisor:
                 "samples": sum(b.get("samples", 0.0) for b in beats),
                 "failures": len(self.failures),
                 "restarts": self.restarts,
+                "goodput": self.metrics.goodput,
+                "steps_per_s": self._last_rate,
                 "workers": len(self.workers),
                 "spares": len(self.spares),
                 "cordoned": len(self.cordons.active(time.time())),
@@ -1022,7 +1025,6 @@ class JobSupervisor:
                 if b.get("generation") == self.generation and r in self.workers
             }
             redone = sum(f["steps_redone"] or 0 for f in self.failures)
-        sent = {node: rep.get("sent_bytes", 0) for node, rep in self.replication.items()}
         self.metrics.refresh(
             progress,
             beats,
@@ -1030,7 +1032,7 @@ class JobSupervisor:
             now,
             self._budget().restarts_left,
             redone,
-            sent,
+            dict(self.replication),
             1 / self._steady_rate if self._steady_rate else None,
         )
 
@@ -1097,6 +1099,7 @@ class JobSupervisor:
                         if beat.get("generation") == self.generation:
                             self.monitor.beat(rank, beat)
                 if rep["gpus"]:
+                    self.metrics.gpu_readings(rep["node"], rep["gpus"])
                     self._judge_gpus(rep["node"], rep["gpus"])
             before = self.commit.committed
             own = {r: merged.get(r, set()) for r in self.workers}
@@ -1470,7 +1473,10 @@ class JobSupervisor:
             self.events.emit("uncordoned", node=c.node, reason="cordon TTL passed")
 
     def _throughput(self, now: float) -> None:
-        step = self.progress()["step"]
+        progress = self.progress()
+        # Until a rank of a new generation has beaten, the progress step reads 0: the
+        # restore point stands for it (else the first interval counts every step since 0).
+        step = max(progress["step"], progress["committed_step"] or 0)
         mark = self._throughput_mark
         if mark is None:
             self._throughput_mark = (now, step)
@@ -1483,6 +1489,8 @@ class JobSupervisor:
                 self._steady_rate = steady
                 self._set_replication_stride(steady)
             committed = self.commit.committed
+            loss = progress["loss"]
+            self._last_rate = round(rate, 3)
             self.events.emit(
                 "throughput",
                 generation=self.generation,
@@ -1491,6 +1499,12 @@ class JobSupervisor:
                 committed_step=committed,
                 # Steps a loss of `copies - 1` nodes would cost now (replication lag incl.).
                 commit_lag_steps=step - committed if committed is not None else None,
+                loss=None if loss is None else round(loss, 6),
+                # rank -> median compute seconds of its steps in this interval (the report's
+                # per-rank heatmap; the exporter has only the newest step's).
+                rank_compute_s={
+                    str(r): t for r, t in self.monitor.rank_step_times(mark[1], step).items()
+                },
             )
             self._throughput_mark = (now, step)
 
@@ -1894,6 +1908,7 @@ class JobSupervisor:
             return None
 
         used = []
+        recorded = len(self.failures)
         reached = max(
             [b.get("step", 0) for b in self.beats.values()]
             + [o.get("step", 0) for o in self.finished.values()]
@@ -1929,6 +1944,7 @@ class JobSupervisor:
                     "recovered_after_s": None,
                 }
             )
+        self.metrics.count_failures([f["kind"] for f in self.failures[recorded:]])
         for fault in used:
             if fault in self.fault_records:
                 self.fault_records.remove(fault)
@@ -2037,6 +2053,8 @@ class JobSupervisor:
             "lost_steps_total": sum(f["steps_redone"] or 0 for f in self.failures),
             "wall_seconds": round(end - self.started_at, 3),
             "training_seconds": round(run_s, 3),
+            # productive / wall seconds since the job first ran (docs/metrics.md, goodput)
+            "goodput": self.metrics.goodput,
             "steps_per_second": round(self.spec.steps / run_s, 3)
             if state is JobState.SUCCEEDED and run_s > 0
             else None,

@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.component.conftest import SMALL, events_of, small_spec, stalwart_cli
+from tests.component.conftest import HEAVIER, events_of, small_spec, stalwart_cli
 from tests.component.multinode import WORKER_NODE_CPUS
-
-SMALL_MODEL = SMALL["config"]["model"]
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(420)]
 
@@ -81,14 +79,6 @@ def _rates(result, generation, before_step=None):
         for e in events_of(result, "throughput")
         if e["generation"] == generation and (before_step is None or e["step"] <= before_step)
     ]
-
-
-# Steps of about 0.1 s, so that "within 10 steps" measures the detector, not the
-# heartbeat's transport (a few hundred milliseconds).
-HEAVIER = {
-    "batch_size": 16,
-    "model": {**SMALL_MODEL, "d_model": 192, "n_layers": 2, "seq_len": 64},
-}
 
 
 def test_slow_rank_replaced_by_a_spare_on_another_node(mrun):

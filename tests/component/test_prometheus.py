@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from dashboards.definitions import ALL
-from tests.component.conftest import small_spec
+from orchestrator.report import build_report
+from tests.component.conftest import HEAVIER, make_runner, small_spec
 from tests.component.prometheus import Prometheus, free_port
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(400)]
@@ -44,6 +45,19 @@ def _panel_queries():
                 yield name, panel["title"], target["expr"]
 
 
+def _every_panel_has_data(prometheus, train_job: str, job: threading.Thread) -> None:
+    """Every dashboard panel's query, its variables filled in, returns data while the job
+    runs."""
+    for board, panel, expr in _panel_queries():
+        promql = (
+            expr.replace("$train_job", train_job)
+            .replace("$__rate_interval", "10s")
+            .replace("$__range", "5m")
+        )
+        assert job.is_alive(), f"job {train_job} ended before {board} / {panel} was checked"
+        prometheus.wait_for(promql, timeout_s=30)
+
+
 def test_real_prometheus_scrapes_the_job_and_the_fault_alerts_fire(
     run, prometheus, exporter_port, tmp_path
 ):
@@ -71,16 +85,20 @@ def test_real_prometheus_scrapes_the_job_and_the_fault_alerts_fire(
     assert fired[0]["metric"]["severity"] == "ticket"
     # Every dashboard panel's query, its variables filled in, has data while the job runs.
     prometheus.wait_for('stalwart_recoveries_total{train_job="prom-a"} == 2', timeout_s=120)
-    for board, panel, expr in _panel_queries():
-        promql = (
-            expr.replace("$train_job", "prom-a")
-            .replace("$__rate_interval", "10s")
-            .replace("$__range", "5m")
-        )
-        assert job.is_alive(), f"job A ended before {board} / {panel} was checked"
-        prometheus.wait_for(promql, timeout_s=30)
+    _every_panel_has_data(prometheus, "prom-a", job)
     job.join(timeout=240)
     assert box["result"]["status"] == "succeeded", box["result"]["error"]
+    # The same run as pictures (`stalwart report`): every figure of a run with failures.
+    report = build_report(box["result"]["output"])
+    assert sorted(p.name for p in report) == [
+        "checkpoints.png",
+        "goodput.png",
+        "index.html",
+        "recovery_phases.png",
+        "step_time_heatmap.png",
+        "timeline.png",
+    ]
+    assert report.warnings == []
     window = "[5m]"
     a = 'train_job="prom-a"'
     for promql in (
@@ -116,3 +134,61 @@ def test_real_prometheus_scrapes_the_job_and_the_fault_alerts_fire(
     assert failed[0]["metric"]["severity"] == "page"
     job.join(timeout=120)
     assert box["result"]["status"] == "failed"
+
+
+def test_real_prometheus_sees_a_lost_node_a_fatal_xid_and_a_straggler(
+    multinode, prometheus, exporter_port, tmp_path
+):
+    """Job C, on a multi-node cluster: a node is killed, a GPU reports a fatal Xid (its node
+    is cordoned) and a rank turns slow (policy alert: flagged, kept)."""
+    multinode.ensure_worker_nodes(4)  # room for 4 ranks after one node is lost, one cordoned
+    run = make_runner(multinode.address, tmp_path)
+    spec = small_spec(
+        name="prom-c",
+        steps=260,
+        metrics={"port": exporter_port, "linger_s": 4},
+        failure__max_restarts=5,
+        checkpoint__every_steps=5,
+        checkpoint__persist={"uri": str(tmp_path / "durable"), "every_steps": 20},
+        # Compute, not a busy two-core machine's scheduling, should dominate a step here.
+        config__batch_size=HEAVIER["batch_size"],
+        config__model=HEAVIER["model"],
+        health__straggler={"policy": "alert"},
+        chaos__faults=[
+            {"kind": "kill_node", "rank": 1, "at_step": 15},
+            {"kind": "gpu_xid", "rank": 2, "xid": 79, "at_step": 35},
+            {"kind": "slow", "rank": 3, "at_step": 60, "factor": 3},
+        ],
+    )
+    job, box = _run_in_background(run, spec)
+    c = 'train_job="prom-c"'
+    xid = prometheus.wait_for(
+        f'ALERTS{{alertname="StalwartFatalGpuXid",alertstate="firing",{c}}}', timeout_s=180
+    )
+    assert xid[0]["metric"]["severity"] == "page"
+    prometheus.wait_for(f'stalwart_gpu_xid_total{{{c},xid="79"}} == 1', timeout_s=30)
+    prometheus.wait_for(f'stalwart_failures_total{{{c},kind="node_lost"}} >= 1', timeout_s=30)
+    # The straggler rule holds for 10 minutes before it fires: here it must be pending, on
+    # the slow rank and only on it.
+    pending = prometheus.wait_for(
+        f'ALERTS{{alertname="StalwartStragglerPersistent",alertstate="pending",{c}}}',
+        timeout_s=120,
+    )
+    assert {p["metric"]["rank"] for p in pending} == {"3"}, pending
+    prometheus.wait_for(
+        f'stalwart_checkpoint_duration_seconds_count{{{c},tier="peer"}} > 0', timeout_s=30
+    )
+    _every_panel_has_data(prometheus, "prom-c", job)
+    job.join(timeout=300)
+    result = box["result"]
+    assert result["status"] == "succeeded", result["error"]
+    assert {f["kind"] for f in result["failures"]} >= {"node_lost", "gpu_fatal"}
+    assert [s["rank"] for s in result["stragglers"]] == [3], result["stragglers"]
+    window = "[5m]"
+    for promql in (
+        f"max_over_time(stalwart_stragglers_flagged_total{{{c}}}{window}) >= 1",
+        f"max_over_time(stalwart_cordoned_nodes{{{c}}}{window}) >= 1",
+        f"max_over_time(stalwart_gpu_temperature_celsius{{{c}}}{window}) > 0",
+        f'max_over_time(stalwart_failures_total{{{c},kind="gpu_fatal"}}{window}) >= 1',
+    ):
+        assert prometheus.query(promql), f"no data: {promql}"

@@ -169,7 +169,8 @@ def nvml_probe(nvml: FakeNvml, node: str = "node-a") -> NvmlGpuProbe:
 def test_fake_probe_reads_every_gpu_healthy(clock):
     probe = FakeGpuProbe("node-a", n_gpus=4, clock=clock)
     readings = probe.read()
-    assert readings == [GpuReading("node-a", i, clock.now) for i in range(4)]
+    idle = {"temperature_c": probe.IDLE_TEMPERATURE_C, "power_w": probe.IDLE_POWER_W}
+    assert readings == [GpuReading("node-a", i, clock.now, **idle) for i in range(4)]
     assert probe.kind == "fake"
 
 
@@ -209,7 +210,7 @@ def test_fake_probe_ecc_accumulates_and_persists(clock):
 def test_fake_probe_inject_without_fault_changes_nothing(clock):
     probe = FakeGpuProbe("node-a", n_gpus=1, clock=clock)
     probe.inject(0)
-    assert probe.read() == [GpuReading("node-a", 0, clock.now)]
+    assert probe.read() == [GpuReading("node-a", 0, clock.now, temperature_c=35.0, power_w=60.0)]
 
 
 def test_fake_probe_feeds_judgment(clock):

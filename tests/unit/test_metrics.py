@@ -65,13 +65,7 @@ def test_job_state_is_one_series_per_state():
 
 def test_failures_recoveries_and_phases_from_events():
     m = JobMetrics(JOB)
-    m.on_event(
-        {
-            "type": "decision",
-            "ts": 1.0,
-            "failures": [{"kind": "worker_died"}, {"kind": "node_lost"}, {"kind": "node_lost"}],
-        }
-    )
+    m.count_failures(["worker_died", "node_lost", "node_lost"])
     m.on_event(
         {
             "type": "recovered",
@@ -157,7 +151,9 @@ def _beat(step: int, at: float, samples: float, node: str = "node-a", **kw):
 def test_refresh_sets_gauges_and_advances_counters_monotonically():
     m = JobMetrics(JOB)
     beats = {0: _beat(12, 99.5, 64), 1: _beat(12, 99.0, 64, node="node-b")}
-    m.refresh(_progress(), beats, {0: 1.0, 1: 1.4}, 100.0, 3, 0, {"node-a": 1000}, 0.1)
+    m.refresh(
+        _progress(), beats, {0: 1.0, 1: 1.4}, 100.0, 3, 0, {"node-a": {"sent_bytes": 1000}}, 0.1
+    )
     assert value(m, "stalwart_step") == 12
     assert value(m, "stalwart_restarts_left") == 3
     assert value(m, "stalwart_heartbeat_age_seconds", rank="1") == pytest.approx(1.0)
@@ -172,7 +168,7 @@ def test_refresh_sets_gauges_and_advances_counters_monotonically():
     # and the old node's series of rank 1 goes.
     beats = {0: _beat(13, 100.5, 72), 1: _beat(13, 100.4, 8, node="node-c")}
     # node-a's agent is gone; node-c's new one has sent 500 bytes.
-    m.refresh(_progress(step=13), beats, {}, 101.0, None, 2, {"node-c": 500}, 0.1)
+    m.refresh(_progress(step=13), beats, {}, 101.0, None, 2, {"node-c": {"sent_bytes": 500}}, 0.1)
     # +8 from rank 0; rank 1's new process counts from 0: +8
     assert value(m, "stalwart_samples_total") == 128 + 8 + 8
     assert value(m, "stalwart_restarts_left") == -1
@@ -181,7 +177,7 @@ def test_refresh_sets_gauges_and_advances_counters_monotonically():
     assert value(m, "stalwart_rank_compute_seconds", rank="1", node="node-b") is None
     assert value(m, "stalwart_rank_compute_seconds", rank="1", node="node-c") == 0.02
     # A step already observed is not observed again.
-    m.refresh(_progress(step=13), beats, {}, 101.5, None, 2, {"node-c": 500}, 0.1)
+    m.refresh(_progress(step=13), beats, {}, 101.5, None, 2, {"node-c": {"sent_bytes": 500}}, 0.1)
     assert value(m, "stalwart_step_duration_seconds_count") == 4
 
 
@@ -216,3 +212,83 @@ def test_the_exporter_serves_on_loopback_and_two_jobs_do_not_share_series():
         assert "# TYPE stalwart_failures_total counter" in text
     finally:
         a.close()
+
+
+def test_checkpoint_duration_by_tier_and_bytes():
+    m = JobMetrics(JOB)
+    snap = {"captures": 4, "capture_seconds": 0.04, "handover_seconds": 0.04, "last_bytes": 1000}
+    beats = {0: _beat(12, 99.5, 64, pid=7, snapshot=snap), 1: _beat(12, 99.5, 64, pid=8)}
+    rep = {"node-a": {"sent_bytes": 10, "rounds": 2, "seconds": 1.0}}
+    m.refresh(_progress(), beats, {}, 100.0, 3, 0, rep, 0.1)
+    hist = "stalwart_checkpoint_duration_seconds"
+    # Four snapshots of rank 0 at their mean (0.02 s), two rounds of copies at 0.5 s.
+    assert value(m, f"{hist}_count", tier="memory") == 4
+    assert value(m, f"{hist}_sum", tier="memory") == pytest.approx(0.08)
+    assert value(m, f"{hist}_count", tier="peer") == 2
+    assert value(m, f"{hist}_sum", tier="peer") == pytest.approx(1.0)
+    assert value(m, "stalwart_checkpoint_bytes", tier="memory") == 1000
+    # Two more snapshots; then rank 0 is replaced (a new pid counting from 1): +1, not -5.
+    snap2 = {**snap, "captures": 6, "capture_seconds": 0.05, "handover_seconds": 0.05}
+    m.refresh(
+        _progress(), {0: _beat(13, 100, 72, pid=7, snapshot=snap2)}, {}, 101.0, 3, 0, rep, 0.1
+    )
+    assert value(m, f"{hist}_count", tier="memory") == 6
+    assert value(m, f"{hist}_count", tier="peer") == 2  # no round since: nothing observed
+    snap3 = {**snap, "captures": 1, "capture_seconds": 0.01, "handover_seconds": 0.0}
+    m.refresh(_progress(), {0: _beat(14, 101, 80, pid=9, snapshot=snap3)}, {}, 102.0, 3, 0, {}, 0.1)
+    assert value(m, f"{hist}_count", tier="memory") == 7
+    assert value(m, f"{hist}_sum", tier="memory") == pytest.approx(0.11)
+    # A durable checkpoint: observed exactly, its size set.
+    m.on_event({"type": "persisted", "ts": 103.0, "step": 40, "seconds": 1.5, "bytes": 4000})
+    assert value(m, f"{hist}_count", tier="durable") == 1
+    assert value(m, f"{hist}_sum", tier="durable") == 1.5
+    assert value(m, "stalwart_checkpoint_bytes", tier="durable") == 4000
+
+
+def test_gpu_readings_set_gauges_and_count_xids_by_code():
+    m = JobMetrics(JOB)
+    reading = {
+        "index": 0,
+        "xids": [13],
+        "temperature_c": 61.0,
+        "power_w": 300.5,
+        "ecc_uncorrected": 0,
+        "retired_pages": 2,
+        "lost": False,
+        "error": None,
+    }
+    m.gpu_readings("node-a", [reading, {**reading, "index": 1, "xids": [79, 79]}])
+    assert value(m, "stalwart_gpu_xid_total", node="node-a", gpu="0", xid="13") == 1
+    assert value(m, "stalwart_gpu_xid_total", node="node-a", gpu="1", xid="79") == 2
+    assert value(m, "stalwart_gpu_temperature_celsius", node="node-a", gpu="0") == 61.0
+    assert value(m, "stalwart_gpu_power_watts", node="node-a", gpu="1") == 300.5
+    assert value(m, "stalwart_gpu_retired_pages", node="node-a", gpu="0") == 2
+    assert value(m, "stalwart_gpu_up", node="node-a", gpu="0") == 1
+    # The next report: no new Xid, GPU 1 lost, ECC errors on GPU 0.
+    m.gpu_readings(
+        "node-a",
+        [
+            {**reading, "xids": [], "ecc_uncorrected": 3},
+            {**reading, "index": 1, "xids": [], "lost": True, "temperature_c": None},
+        ],
+    )
+    assert value(m, "stalwart_gpu_xid_total", node="node-a", gpu="0", xid="13") == 1
+    assert value(m, "stalwart_gpu_ecc_uncorrected_errors", node="node-a", gpu="0") == 3
+    assert value(m, "stalwart_gpu_up", node="node-a", gpu="1") == 0
+    # A reading the probe could not take keeps the last temperature rather than inventing one.
+    assert value(m, "stalwart_gpu_temperature_celsius", node="node-a", gpu="1") == 61.0
+
+
+def test_labelled_counters_with_known_labels_start_at_zero():
+    # Prometheus's increase() does not count a series born at 1: the first failure of a kind,
+    # the first fatal finding of a GPU must have a 0 sample before them.
+    m = JobMetrics(JOB)
+    for kind in ("worker_died", "node_lost", "gpu_fatal", "straggler"):
+        assert value(m, "stalwart_failures_total", kind=kind) == 0
+    assert value(m, "stalwart_recoveries_total", outcome="gave_up") == 0
+    assert value(m, "stalwart_gpu_faults_total", node="n", gpu="0", severity="fatal") is None
+    m.gpu_readings("n", [{"index": 0, "xids": []}])
+    for severity in ("fatal", "application", "note"):
+        assert value(m, "stalwart_gpu_faults_total", node="n", gpu="0", severity=severity) == 0
+    m.on_event({"type": "gpu_fatal", "ts": 1.0, "node": "n", "gpu": 0, "reason": "Xid 79"})
+    assert value(m, "stalwart_gpu_faults_total", node="n", gpu="0", severity="fatal") == 1
