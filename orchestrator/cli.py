@@ -15,6 +15,7 @@ from orchestrator.spec import SpecError, json_schema, load_spec
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_CANCELLED = 130
+STATUS_WATCH_S = 1.0  # how often `stalwart status --watch` asks
 
 
 def _load(file: str, overrides: tuple[str, ...], console: Console):
@@ -165,6 +166,86 @@ def run(
     else:
         print_summary(console, result)
     sys.exit({"succeeded": 0, "cancelled": EXIT_CANCELLED}.get(result["status"], EXIT_FAILED))
+
+
+@main.command()
+@click.argument("job")
+@click.option(
+    "--address",
+    envvar="RAY_ADDRESS",
+    default="auto",
+    show_default=True,
+    help="the Ray cluster the job runs on (default: $RAY_ADDRESS, else the one on this machine)",
+)
+@_format_option("json: print the job's progress snapshot (or result.json) as JSON")
+@click.option(
+    "-w",
+    "--watch",
+    is_flag=True,
+    help="keep updating until the job ends (Ctrl-C stops watching, not the job)",
+)
+def status(job: str, address: str, fmt: str, watch: bool) -> None:
+    """Show JOB's state, step, steps/s, goodput, failures and slowest ranks. JOB is a
+    running job's name, or a run directory (its result.json: the job has ended)."""
+    from orchestrator.progress import print_summary, status_line
+
+    err = Console(stderr=True)
+    console = Console()
+    if Path(job).is_dir():
+        result_file = Path(job) / "result.json"
+        try:
+            result = json.loads(result_file.read_text())
+        except FileNotFoundError:
+            err.print(
+                f"[red]error:[/red] {result_file}: not found: the run has not ended (follow a "
+                "running job by name: stalwart status NAME --address ADDR)",
+                highlight=False,
+                soft_wrap=True,
+            )
+            sys.exit(EXIT_USAGE)
+        except (OSError, ValueError) as e:
+            err.print(
+                f"[red]error:[/red] {result_file}: expected the JSON result of a run: {e}",
+                highlight=False,
+                soft_wrap=True,
+            )
+            sys.exit(EXIT_USAGE)
+        if fmt == "json":
+            click.echo(json.dumps(result, indent=2))
+        else:
+            print_summary(console, result)
+        return
+
+    from orchestrator.driver import ClusterUnreachable, find_supervisor
+
+    try:
+        supervisor = find_supervisor(address, job)
+    except (ClusterUnreachable, LookupError) as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_USAGE)
+    import ray
+    from ray.exceptions import RayActorError
+
+    try:
+        while True:
+            try:
+                p = ray.get(supervisor.progress.remote(), timeout=30)
+            except RayActorError:
+                err.print(f"job {job} has ended (its supervisor is gone)", highlight=False)
+                return
+            if fmt == "json":
+                click.echo(json.dumps(p))
+            else:
+                # A terminal gets one line of its width; a pipe or a file the whole line.
+                width = console.width if console.is_terminal else 1000
+                console.print(status_line(job, p, None, width), width=width)
+            if not watch or p["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                return
+            time.sleep(STATUS_WATCH_S)
+    except KeyboardInterrupt:
+        return
+    finally:
+        ray.shutdown()
 
 
 @main.command()

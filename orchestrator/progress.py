@@ -60,29 +60,40 @@ class ProgressView:
         p = self._last
         if not p:
             return Text(f"{self.name}: starting", style="dim")
-        state = p["state"]
-        total = p["total_steps"]
-        done = p["step"]
-        width = 12
-        fill = int(width * done / total) if total else 0
         rate = self._rate()
-        loss = p.get("loss")
-        committed = p.get("committed_step")
-        line = Text(no_wrap=True, overflow="ellipsis")
-        line.append(f"{self.name} ", style="bold")
-        line.append(state, style=_STATE_STYLE.get(state, "cyan"))
-        line.append(f" {'█' * fill}{'░' * (width - fill)} {done}/{total}")
-        line.append(f"  {rate:.2f} steps/s" if rate is not None else "  - steps/s")
-        line.append(f"  loss {loss:.4f}" if loss is not None else "  loss -")
-        line.append(f"  failures {p['failures']}", style="red" if p["failures"] else "")
-        line.append(f"  ckpt {committed if committed is not None else '-'}")
-        if p.get("cordoned"):
-            line.append(f"  cordoned {p['cordoned']}", style="yellow")
-        slow = [(r, sc) for r, sc in p.get("slowest") or () if sc >= 1.2]
-        if slow:
-            line.append("  slowest " + ", ".join(f"r{r} {sc:.1f}x" for r, sc in slow))
-        line.truncate(max(20, self.console.width - 1), overflow="ellipsis")
-        return line
+        return status_line(self.name, p, rate, self.console.width)
+
+
+def status_line(name: str, p: dict[str, Any], rate: float | None, width: int) -> Text:
+    """One line: state, a bar, step/total, steps/s, loss, goodput, failures, the committed
+    step, cordons and the slowest ranks (`stalwart run`'s live line, `stalwart status`)."""
+    if rate is None:
+        rate = p.get("steps_per_s")
+    state = p["state"]
+    total = p["total_steps"]
+    done = p["step"]
+    bar = 12
+    fill = int(bar * done / total) if total else 0
+    loss = p.get("loss")
+    committed = p.get("committed_step")
+    line = Text(no_wrap=True, overflow="ellipsis")
+    line.append(f"{name} ", style="bold")
+    line.append(state, style=_STATE_STYLE.get(state, "cyan"))
+    line.append(f" {'█' * fill}{'░' * (bar - fill)} {done}/{total}")
+    line.append(f"  {rate:.2f} steps/s" if rate is not None else "  - steps/s")
+    line.append(f"  loss {loss:.4f}" if loss is not None else "  loss -")
+    goodput = p.get("goodput")
+    if goodput is not None:
+        line.append(f"  goodput {goodput:.0%}", style="yellow" if goodput < 0.8 else "")
+    line.append(f"  failures {p['failures']}", style="red" if p["failures"] else "")
+    line.append(f"  ckpt {committed if committed is not None else '-'}")
+    if p.get("cordoned"):
+        line.append(f"  cordoned {p['cordoned']}", style="yellow")
+    slow = [(r, sc) for r, sc in p.get("slowest") or () if sc >= 1.2]
+    if slow:
+        line.append("  slowest " + ", ".join(f"r{r} {sc:.1f}x" for r, sc in slow))
+    line.truncate(max(20, width - 1), overflow="ellipsis")
+    return line
 
 
 def _event_line(e: dict[str, Any]) -> Text | None:
@@ -166,6 +177,8 @@ def print_summary(console: Console, result: dict[str, Any]) -> None:
     if result.get("final_loss") is not None:
         t.add_row("final loss", f"{result['final_loss']:.4f}")
     t.add_row("wall time", f"{result['wall_seconds']:.1f} s")
+    if result.get("goodput") is not None:
+        t.add_row("goodput", f"{result['goodput']:.1%} of the wall time was productive")
     t.add_row("failures", str(len(result["failures"])))
     t.add_row("steps redone", str(result["lost_steps_total"]))
     if result.get("cordoned"):

@@ -72,3 +72,44 @@ def test_summary_lists_cordons_stragglers_and_resizes():
     print_summary(Console(file=out, width=200), result)
     text = out.getvalue()
     assert "aaaaaaaaaaaa" in text and "rank 1 (3.0x, replace)" in text and "4->3, 3->4" in text
+
+
+def test_status_line_shows_rate_goodput_and_failures():
+    from orchestrator.progress import status_line
+
+    p = {
+        "state": "RUNNING",
+        "total_steps": 100,
+        "step": 50,
+        "failures": 2,
+        "committed_step": 49,
+        "goodput": 0.934,
+        "steps_per_s": 12.5,
+        "loss": 2.5,
+        "slowest": [(3, 2.1)],
+    }
+    text = status_line("job", p, None, 200).plain
+    assert "50/100" in text and "12.50 steps/s" in text and "goodput 93%" in text
+    assert "failures 2" in text and "ckpt 49" in text and "slowest r3 2.1x" in text
+    # A rate measured by the caller wins over the supervisor's last interval.
+    assert "3.00 steps/s" in status_line("job", p, 3.0, 200).plain
+    # Before the first throughput interval: no rate, no goodput.
+    bare = status_line("job", {**p, "goodput": None, "steps_per_s": None}, None, 200).plain
+    assert "- steps/s" in bare and "goodput" not in bare
+
+
+def test_summary_states_goodput():
+    out = io.StringIO()
+    result = {
+        "name": "job",
+        "status": "succeeded",
+        "steps_completed": 10,
+        "total_steps": 10,
+        "wall_seconds": 10.0,
+        "goodput": 0.9512,
+        "failures": [],
+        "lost_steps_total": 0,
+        "output": "runs/x",
+    }
+    print_summary(Console(file=out, width=200), result)
+    assert "95.1% of the wall time was productive" in out.getvalue()
