@@ -2,7 +2,7 @@
 
 Exit codes: 0 done, 1 Grafana failed (unreachable, token rejected, no Prometheus datasource),
 2 our side is wrong (no or bad token, bad URL or directory). Errors go to stderr, starting with
-`error:`. The module imports grafana-client only when a command runs, so `stalwart --help`
+`error:`. dashboards.provision imports grafana-client only when a push runs, so `stalwart --help`
 stays quick.
 """
 
@@ -16,10 +16,10 @@ import click
 from rich.console import Console
 from rich.text import Text
 
+from dashboards.provision import DEFAULT_TIMEOUT_S, FOLDER
+
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-FOLDER = "stalwart"  # dashboards.provision.FOLDER, without importing it for --help
-TIMEOUT_S = 10.0  # dashboards.provision.DEFAULT_TIMEOUT_S
 
 
 def _format_option(help_json: str):
@@ -114,7 +114,7 @@ def export_command(directory: str, folder: str, grafana_path: str | None, fmt: s
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
     metavar="SECONDS",
-    default=TIMEOUT_S,
+    default=DEFAULT_TIMEOUT_S,
     show_default=True,
     help="seconds to wait for each Grafana answer",
 )

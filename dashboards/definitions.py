@@ -394,14 +394,14 @@ def nodes() -> dict[str, Any]:
                 "bargauge",
                 (
                     Target(
-                        "sum by (node, gpu, severity) (increase("
-                        f"stalwart_gpu_faults_total{{{JOB}}}{RANGE}))",
+                        f"max by (node, gpu, severity) (stalwart_gpu_faults_total{{{JOB}}})",
                         "{{node}} GPU {{gpu}} {{severity}}",
                         instant=True,
                     ),
                 ),
                 "none",
-                "fatal (node cordoned), application (rank restarted), note (reported)",
+                "since the job started: fatal (node cordoned), application (rank restarted), "
+                "note (reported)",
                 w=12,
             ),
             Panel(
@@ -409,14 +409,14 @@ def nodes() -> dict[str, Any]:
                 "bargauge",
                 (
                     Target(
-                        "sum by (node, gpu, xid) (increase("
-                        f"stalwart_gpu_xid_total{{{JOB}}}{RANGE}))",
+                        f"max by (node, gpu, xid) (stalwart_gpu_xid_total{{{JOB}}})",
                         "{{node}} GPU {{gpu}} Xid {{xid}}",
                         instant=True,
                     ),
                 ),
                 "none",
-                "critical Xid events read by the GPU probe in the time range (docs/health.md)",
+                "critical Xid events read by the GPU probe since the job started, by code "
+                "(docs/health.md; a code's series is born with its first event)",
                 w=12,
             ),
             Panel(

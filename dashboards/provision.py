@@ -425,21 +425,24 @@ class _Target:
     def parse(cls, url: str) -> _Target:
         url = url.strip()
         example = "expected http(s)://HOST[:PORT][/PATH], e.g. http://127.0.0.1:3000"
-        try:
-            parts = urlsplit(url)
-            port = parts.port
-        except ValueError as e:
-            raise ConfigError(f"Grafana URL {url!r}: {e}; {example}") from None
-        if "@" in parts.netloc:
-            # Never echo it: the part before @ is a password.
+        # The URL is never quoted whole in a message: a user:password@ part, a query or a
+        # fragment may hold secrets. Checked before anything parses the port.
+        before_path = url.split("://", 1)[-1].split("/", 1)[0]
+        if "@" in before_path:
             raise ConfigError(
                 "Grafana URL: must not carry a user or password (stalwart authenticates with a "
                 f"token: {TOKEN_ENV} or --token-file)"
             )
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as e:
+            raise ConfigError(f"Grafana URL: {e}; {example}") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"Grafana URL {url!r}: {example}")
+            shown = f"{parts.scheme}://" if parts.scheme else "no scheme"
+            raise ConfigError(f"Grafana URL ({shown}): {example}")
         if parts.query or parts.fragment:
-            raise ConfigError(f"Grafana URL {url!r}: no query or fragment, {example}")
+            raise ConfigError(f"Grafana URL: no query or fragment, {example}")
         path = parts.path.strip("/")
         host = parts.hostname
         netloc_host = f"[{host}]" if ":" in host else host

@@ -187,6 +187,8 @@ def run(
 def status(job: str, address: str, fmt: str, watch: bool) -> None:
     """Show JOB's state, step, steps/s, goodput, failures and slowest ranks. JOB is a
     running job's name, or a run directory (its result.json: the job has ended)."""
+    from rich.markup import escape
+
     from orchestrator.progress import print_summary, status_line
 
     err = Console(stderr=True)
@@ -221,10 +223,10 @@ def status(job: str, address: str, fmt: str, watch: bool) -> None:
     try:
         supervisor = find_supervisor(address, job)
     except (ClusterUnreachable, LookupError) as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)
     import ray
-    from ray.exceptions import RayActorError
+    from ray.exceptions import GetTimeoutError, RayActorError
 
     try:
         while True:
@@ -233,6 +235,14 @@ def status(job: str, address: str, fmt: str, watch: bool) -> None:
             except RayActorError:
                 err.print(f"job {job} has ended (its supervisor is gone)", highlight=False)
                 return
+            except GetTimeoutError:
+                err.print(
+                    f"[red]error:[/red] job {escape(job)}'s supervisor did not answer within "
+                    "30 s (it may be overloaded; try again)",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+                sys.exit(EXIT_FAILED)
             if fmt == "json":
                 click.echo(json.dumps(p))
             else:

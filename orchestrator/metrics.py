@@ -27,7 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from health.observations import FailureKind
 from orchestrator.state import JobState
@@ -36,10 +39,15 @@ log = logging.getLogger(__name__)
 
 JOB_STATES = tuple(s.value for s in JobState)
 RECOVERY_OUTCOMES = ("recovered", "gave_up")
-GPU_SEVERITIES = ("fatal", "application", "note")
+GPU_GAUGES = (
+    "stalwart_gpu_temperature_celsius",
+    "stalwart_gpu_power_watts",
+    "stalwart_gpu_ecc_uncorrected_errors",
+    "stalwart_gpu_retired_pages",
+    "stalwart_gpu_up",
+)
 RECOVERY_PHASES = ("detect", "decide", "abort", "replace", "rendezvous", "reenter", "restore")
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-MAX_OBSERVED_PER_POLL = 1000  # checkpoints of one source observed per poll, at most
 CHECKPOINT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -114,7 +122,9 @@ DEFINITIONS: tuple[MetricDef, ...] = (
     MetricDef(
         "stalwart_gpu_up",
         "gauge",
-        "1 while the probe reads a GPU, 0 once it is lost or cannot be read",
+        "1 while the probe reads a GPU, 0 once it is lost or cannot be read (GPU readings "
+        "come from NVML, or from the fake probe only when health.gpu.probe is fake; a lost "
+        "node's go)",
         ("node", "gpu"),
     ),
     MetricDef(
@@ -240,6 +250,76 @@ DEFINITIONS: tuple[MetricDef, ...] = (
 )
 
 
+class BatchHistogram:
+    """A histogram family kept as bucket counts in numpy arrays, exported as Prometheus's
+    histogram type (`_bucket`, `_sum`, `_count`). Unlike prometheus-client's Histogram, a
+    batch of values costs one searchsorted and `observe_n` adds n equal values at once: a
+    16,384-rank job observes hundreds of thousands of step times a minute."""
+
+    def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...], buckets):
+        self.name, self.documentation, self.labelnames = name, documentation, list(labelnames)
+        self.bounds = np.asarray(buckets, dtype=float)
+        self._series: dict[tuple[str, ...], _HistogramSeries] = {}
+        self._lock = threading.Lock()
+
+    def labels(self, *values: str) -> _HistogramSeries:
+        with self._lock:
+            series = self._series.get(values)
+            if series is None:
+                series = self._series[values] = _HistogramSeries(self.bounds)
+            return series
+
+    def describe(self) -> list[HistogramMetricFamily]:
+        return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+
+    def collect(self) -> list[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        with self._lock:
+            items = list(self._series.items())
+        for values, series in items:
+            counts, total = series.snapshot()
+            cumulative = np.cumsum(counts)
+            buckets = [
+                (floatToGoString(b), float(c))
+                for b, c in zip(self.bounds, cumulative[:-1], strict=True)
+            ]
+            buckets.append(("+Inf", float(cumulative[-1])))
+            family.add_metric(list(values), buckets, total)
+        return [family]
+
+
+class _HistogramSeries:
+    def __init__(self, bounds: np.ndarray):
+        self._bounds = bounds
+        self._counts = np.zeros(len(bounds) + 1, dtype=np.int64)  # last: above every bound
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        self.observe_n(value, 1)
+
+    def observe_n(self, value: float, n: int) -> None:
+        """n observations of `value`."""
+        i = int(np.searchsorted(self._bounds, value, side="left"))  # first bound >= value
+        with self._lock:
+            self._counts[i] += n
+            self._sum += value * n
+
+    def observe_many(self, values: Sequence[float]) -> None:
+        if not len(values):
+            return
+        v = np.asarray(values, dtype=float)
+        idx = np.searchsorted(self._bounds, v, side="left")
+        add = np.bincount(idx, minlength=len(self._counts))
+        with self._lock:
+            self._counts += add
+            self._sum += float(v.sum())
+
+    def snapshot(self) -> tuple[np.ndarray, float]:
+        with self._lock:
+            return self._counts.copy(), self._sum
+
+
 class JobMetrics:
     """One job's metrics in its own registry, and the HTTP exporter serving them."""
 
@@ -247,14 +327,16 @@ class JobMetrics:
         self.job = job
         self.registry = CollectorRegistry(auto_describe=True)
         self._m: dict[str, Any] = {}
-        kinds = {"gauge": Gauge, "counter": Counter, "histogram": Histogram}
         for d in DEFINITIONS:
-            kw: dict[str, Any] = {"registry": self.registry}
-            if d.buckets is not None:
-                kw["buckets"] = d.buckets
-            # prometheus-client adds `_total` to a counter's samples itself.
-            name = d.name.removesuffix("_total") if d.kind == "counter" else d.name
-            self._m[d.name] = kinds[d.kind](name, d.help, ("train_job", *d.labels), **kw)
+            labels = ("train_job", *d.labels)
+            if d.kind == "histogram":
+                self._m[d.name] = BatchHistogram(d.name, d.help, labels, d.buckets)
+                self.registry.register(self._m[d.name])
+            else:
+                # prometheus-client adds `_total` to a counter's samples itself.
+                name = d.name.removesuffix("_total") if d.kind == "counter" else d.name
+                kind = Counter if d.kind == "counter" else Gauge
+                self._m[d.name] = kind(name, d.help, labels, registry=self.registry)
             if not d.labels and d.kind != "gauge":
                 # Counters and histograms start at 0 (absent would read "never measured");
                 # gauges appear once they have a value (a persisted step of 0 would lie).
@@ -265,6 +347,7 @@ class JobMetrics:
             self._m["stalwart_failures_total"].labels(job, kind.value)
         for outcome in RECOVERY_OUTCOMES:
             self._m["stalwart_recoveries_total"].labels(job, outcome)
+        self._children: dict[tuple[str, ...], Any] = {}
         self._lock = threading.Lock()
         self._server: Any = None
         self._last: dict[tuple[str, Any], float] = {}  # (counter, source) -> counted so far
@@ -281,7 +364,13 @@ class JobMetrics:
         self.set_state("PENDING")
 
     def _(self, name: str, *labels: Any) -> Any:
-        return self._m[name].labels(self.job, *map(str, labels))
+        """The series of metric `name` with these labels (after train_job), cached: a
+        16,384-rank job sets ~100,000 series per refresh, and labels() is not cheap."""
+        key = (name, *map(str, labels))
+        series = self._children.get(key)
+        if series is None:
+            series = self._children[key] = self._m[name].labels(self.job, *key[1:])
+        return series
 
     # --- exporter -----------------------------------------------------------------------------
 
@@ -415,11 +504,14 @@ class JobMetrics:
                 self._observe_mean("peer", node, rep.get("rounds", 0), rep.get("seconds", 0.0))
             wall, productive = self._goodput(now, steps_redone * (seconds_per_step or 0.0))
             self.goodput = round(productive / wall, 4) if wall > 0 else None
-            self._count("stalwart_wall_seconds_total", wall)
-            self._count("stalwart_productive_seconds_total", productive)
+            # High-water marks: productive seconds may drop (steps redone are priced when a
+            # recovery reports them), a counter may not, and nothing here counts from 0 again.
+            self._count_up("stalwart_wall_seconds_total", wall)
+            self._count_up("stalwart_productive_seconds_total", productive)
             means: dict[str, list[float]] = {}
             ranks = set()
             snapshot_bytes = 0
+            cycles: list[float] = []  # step cycle times not observed yet
             for rank, b in beats.items():
                 node = b.get("node_id") or ""
                 ranks.add((str(rank), node))
@@ -452,9 +544,10 @@ class JobMetrics:
                 newest = self._seen_steps.get(rank, -1)
                 for step, _compute, cycle in b.get("recent", ()):
                     if step > newest:
-                        self._("stalwart_step_duration_seconds").observe(cycle)
+                        cycles.append(cycle)
                         newest = step
                 self._seen_steps[rank] = newest
+            self._("stalwart_step_duration_seconds").observe_many(cycles)
             for name, values in means.items():
                 self._("stalwart_train_metric", name).set(sum(values) / len(values))
             if snapshot_bytes:
@@ -471,25 +564,29 @@ class JobMetrics:
                     self._remove(name, rank, node)
             self._ranks = ranks
 
-    def gpu_readings(self, node: str, gpus: Sequence[Mapping[str, Any]]) -> None:
+    def gpu_readings(
+        self, node: str, gpus: Sequence[Mapping[str, Any]], gauges: bool = True
+    ) -> None:
         """Set one node's GPU probe readings (the agent's report: each GPU's newest reading
-        and the Xid codes read since the previous report)."""
+        and the Xid codes read since the previous report). Xids are always counted;
+        `gauges` False leaves out the readings (a CPU node's stand-in probe has no GPU to
+        read). A pseudo-GPU with a negative index (an Xid of an unknown GPU) only counts."""
         with self._lock:
             for g in gpus:
                 index = g["index"]
-                if (node, index) not in self._gpus:
-                    # The probe's findings of this GPU start at 0 (see __init__).
-                    self._gpus.add((node, index))
-                    for severity in GPU_SEVERITIES:
-                        self._("stalwart_gpu_faults_total", node, index, severity)
                 for xid in g.get("xids") or ():
                     self._("stalwart_gpu_xid_total", node, index, xid).inc()
+                if not gauges or index < 0:
+                    continue
+                self._gpus.add((node, index))
                 for name, key in (
                     ("stalwart_gpu_temperature_celsius", "temperature_c"),
                     ("stalwart_gpu_power_watts", "power_w"),
                 ):
                     if g.get(key) is not None:
                         self._(name, node, index).set(g[key])
+                    else:  # lost or unreadable: no reading rather than a stale one
+                        self._remove(name, node, str(index))
                 self._("stalwart_gpu_ecc_uncorrected_errors", node, index).set(
                     g.get("ecc_uncorrected") or 0
                 )
@@ -497,6 +594,13 @@ class JobMetrics:
                 self._("stalwart_gpu_up", node, index).set(
                     0 if g.get("lost") or g.get("error") else 1
                 )
+
+    def forget_node(self, node: str) -> None:
+        """A lost node: its GPUs' readings go (their counters stay, as history)."""
+        with self._lock:
+            for n, index in [k for k in self._gpus if k[0] == node]:
+                for name in GPU_GAUGES:
+                    self._remove(name, n, str(index))
 
     def _observe_mean(self, tier: str, source: Any, count: int, seconds: float) -> None:
         """Observe the checkpoints of `tier` that `source`'s cumulative (count, seconds)
@@ -509,10 +613,7 @@ class JobMetrics:
         new = count - before_n
         if new > 0:
             mean = max(0.0, seconds - before_s) / new
-            histogram = self._("stalwart_checkpoint_duration_seconds", tier)
-            # Bounded: an adopted job's processes (a restarted supervisor) may show thousands.
-            for _ in range(min(new, MAX_OBSERVED_PER_POLL)):
-                histogram.observe(mean)
+            self._("stalwart_checkpoint_duration_seconds", tier).observe_n(mean, new)
 
     def _count(self, name: str, cumulative: float, source: Any = None) -> None:
         """Advance a counter by what `source`'s cumulative value grew; a value that went
@@ -523,7 +624,15 @@ class JobMetrics:
             self._(name).inc(grown)
         self._last[(name, source)] = cumulative
 
+    def _count_up(self, name: str, value: float) -> None:
+        """Advance a counter to `value` if it is higher than what was counted so far."""
+        before = self._last.get((name, None), 0.0)
+        if value > before:
+            self._(name).inc(value - before)
+            self._last[(name, None)] = value
+
     def _remove(self, name: str, *labels: str) -> None:
+        self._children.pop((name, *labels), None)
         with contextlib.suppress(KeyError):
             self._m[name].remove(self.job, *labels)
 

@@ -64,6 +64,7 @@ REPLICATION_ALIGN_S = 1.0  # no commit for this long: name the step every agent 
 REPLICATION_STALL_S = 30.0  # no commit for this long: an event says so (again every 30 s)
 NEWEST_KEPT = 3  # each rank's newest steps a node's own store keeps beyond the commits
 THROUGHPUT_EVENT_S = 1.0  # how often a throughput event is written
+RANK_TIMES_MAX = 64  # ranks whose step times a throughput event carries, at most
 NODE_FAULTS = ("kill_node", "gpu_xid")  # faults that hit the node hosting the rank
 COLLECTIVE_TIMEOUT_S = 1800.0
 NODE_PING_TIMEOUT_S = 1.0  # a dead worker's node must answer this fast to keep its bundle
@@ -674,6 +675,7 @@ class JobSupervisor:
             time.time(),
         )
         self._throughput_mark = None
+        self._last_rate = None  # the rate of a generation that is gone
         self.futures = {}
         self.finished = {}
         if durable is not None:
@@ -1099,7 +1101,10 @@ class JobSupervisor:
                         if beat.get("generation") == self.generation:
                             self.monitor.beat(rank, beat)
                 if rep["gpus"]:
-                    self.metrics.gpu_readings(rep["node"], rep["gpus"])
+                    # GPU gauges from NVML, or from the fake probe when the spec asks for it:
+                    # `auto`'s stand-in on a CPU node has no GPU to read.
+                    real = rep.get("gpu_probe") == "nvml" or self.spec.health.gpu.probe == "fake"
+                    self.metrics.gpu_readings(rep["node"], rep["gpus"], gauges=real)
                     self._judge_gpus(rep["node"], rep["gpus"])
             before = self.commit.committed
             own = {r: merged.get(r, set()) for r in self.workers}
@@ -1308,6 +1313,7 @@ class JobSupervisor:
         # Its slots go at once: Ray would keep trying to re-place them (see slots.py).
         self.slots.release_on({node})
         self.monitor.forget_node(node)
+        self.metrics.forget_node(node)
         self.poller.forget(node)
         self.agents.pop(node, None)
         self.stored.pop(node, None)
@@ -1502,11 +1508,21 @@ class JobSupervisor:
                 loss=None if loss is None else round(loss, 6),
                 # rank -> median compute seconds of its steps in this interval (the report's
                 # per-rank heatmap; the exporter has only the newest step's).
-                rank_compute_s={
-                    str(r): t for r, t in self.monitor.rank_step_times(mark[1], step).items()
-                },
+                **self._rank_times(mark[1], step),
             )
             self._throughput_mark = (now, step)
+
+    def _rank_times(self, after_step: int, through_step: int) -> dict[str, Any]:
+        """A throughput event's per-rank view: rank -> median compute seconds of its steps
+        in the interval, for at most RANK_TIMES_MAX ranks (the slowest: a 16,384-rank job
+        would otherwise log a megabyte a second), and how many ranks there are."""
+        times = self.monitor.rank_step_times(after_step, through_step)
+        if len(times) > RANK_TIMES_MAX:
+            times = dict(sorted(times.items(), key=lambda kv: kv[1])[-RANK_TIMES_MAX:])
+        return {
+            "rank_compute_s": {str(r): t for r, t in sorted(times.items())},
+            "ranks_total": len(self.workers),
+        }
 
     def _budget(self) -> Budget:
         return Budget(

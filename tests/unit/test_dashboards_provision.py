@@ -660,8 +660,25 @@ def test_a_url_with_a_password_is_refused_without_echoing_it(token):
 def test_a_malformed_url_is_a_usage_error(token, url):
     result = _invoke(["push", "--grafana-url", url], env={"GRAFANA_TOKEN": token})
     assert result.exit_code == 2
-    assert result.stderr.startswith("error: Grafana URL ")
+    assert result.stderr.startswith("error: Grafana URL")
     assert "expected http(s)://HOST[:PORT][/PATH]" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://admin:hunter2@grafana:30x0",  # a bad port after a password
+        "http://admin:hunter2@[::1",  # an unclosed IPv6 address after a password
+        "http://grafana:3000/?auth=hunter2",
+        "http://grafana:3000/#hunter2",
+        "ftp://admin:hunter2@grafana",
+    ],
+)
+def test_a_url_is_never_echoed_with_what_it_may_hide(token, url):
+    result = _invoke(["push", "--grafana-url", url], env={"GRAFANA_TOKEN": token})
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: Grafana URL")
+    assert "hunter2" not in result.stderr + result.stdout
 
 
 def test_the_token_does_not_show_itself(token, tmp_path):

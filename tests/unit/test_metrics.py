@@ -181,6 +181,23 @@ def test_refresh_sets_gauges_and_advances_counters_monotonically():
     assert value(m, "stalwart_step_duration_seconds_count") == 4
 
 
+def test_goodput_counters_never_run_ahead_of_each_other_or_backwards():
+    m = JobMetrics(JOB)
+    m.on_event({"type": "state", "ts": 1000.0, "old": "SCHEDULING", "new": "RUNNING"})
+    m.refresh(_progress(), {}, {}, 1100.0, 3, 0, {}, 1.0)
+    assert value(m, "stalwart_productive_seconds_total") == pytest.approx(100.0)
+    # A recovery reports 5 steps redone, and the step time grows: productive seconds drop
+    # to 96 - 7.5; the counter holds at 100 (it may not go down, nor count again from 0)...
+    m.refresh(_progress(), {}, {}, 1101.0, 3, 5, {}, 1.5)
+    assert value(m, "stalwart_productive_seconds_total") == pytest.approx(100.0)
+    assert value(m, "stalwart_wall_seconds_total") == pytest.approx(101.0)
+    # ...and goes on once they pass it again; the ratio never exceeds 1.
+    m.refresh(_progress(), {}, {}, 1120.0, 3, 5, {}, 1.5)
+    assert value(m, "stalwart_productive_seconds_total") == pytest.approx(112.5)
+    assert value(m, "stalwart_wall_seconds_total") == pytest.approx(120.0)
+    assert m.goodput == pytest.approx(112.5 / 120)
+
+
 def test_goodput_leaves_out_recovery_and_redone_steps():
     m = JobMetrics(JOB)
     m.on_event({"type": "state", "ts": 1000.0, "old": "SCHEDULING", "new": "RUNNING"})
@@ -275,20 +292,68 @@ def test_gpu_readings_set_gauges_and_count_xids_by_code():
     assert value(m, "stalwart_gpu_xid_total", node="node-a", gpu="0", xid="13") == 1
     assert value(m, "stalwart_gpu_ecc_uncorrected_errors", node="node-a", gpu="0") == 3
     assert value(m, "stalwart_gpu_up", node="node-a", gpu="1") == 0
-    # A reading the probe could not take keeps the last temperature rather than inventing one.
-    assert value(m, "stalwart_gpu_temperature_celsius", node="node-a", gpu="1") == 61.0
+    # A GPU the probe cannot read has no temperature rather than a stale one.
+    assert value(m, "stalwart_gpu_temperature_celsius", node="node-a", gpu="1") is None
+    assert value(m, "stalwart_gpu_temperature_celsius", node="node-a", gpu="0") == 61.0
+    # An Xid of an unknown GPU (index -1) is counted, with no readings of a GPU -1.
+    m.gpu_readings("node-a", [{"index": -1, "xids": [48]}])
+    assert value(m, "stalwart_gpu_xid_total", node="node-a", gpu="-1", xid="48") == 1
+    assert value(m, "stalwart_gpu_up", node="node-a", gpu="-1") is None
+    # Without gauges (a CPU node's stand-in probe): Xids only.
+    m.gpu_readings("node-b", [{**reading, "xids": [13]}], gauges=False)
+    assert value(m, "stalwart_gpu_xid_total", node="node-b", gpu="0", xid="13") == 1
+    assert value(m, "stalwart_gpu_up", node="node-b", gpu="0") is None
+    # The node is lost: its readings go, its counters stay.
+    m.forget_node("node-a")
+    for name in ("stalwart_gpu_up", "stalwart_gpu_temperature_celsius", "stalwart_gpu_power_watts"):
+        assert value(m, name, node="node-a", gpu="0") is None
+    assert value(m, "stalwart_gpu_xid_total", node="node-a", gpu="0", xid="13") == 1
 
 
 def test_labelled_counters_with_known_labels_start_at_zero():
-    # Prometheus's increase() does not count a series born at 1: the first failure of a kind,
-    # the first fatal finding of a GPU must have a 0 sample before them.
+    # Prometheus's increase() does not count a series born at 1: the first failure of a kind
+    # must have a 0 sample before it.
     m = JobMetrics(JOB)
     for kind in ("worker_died", "node_lost", "gpu_fatal", "straggler"):
         assert value(m, "stalwart_failures_total", kind=kind) == 0
     assert value(m, "stalwart_recoveries_total", outcome="gave_up") == 0
+    # Not per GPU (three zero series for each of thousands of GPUs): StalwartFatalGpuXid
+    # also sees a series born at 1, and the panels show these counters' values.
     assert value(m, "stalwart_gpu_faults_total", node="n", gpu="0", severity="fatal") is None
-    m.gpu_readings("n", [{"index": 0, "xids": []}])
-    for severity in ("fatal", "application", "note"):
-        assert value(m, "stalwart_gpu_faults_total", node="n", gpu="0", severity=severity) == 0
-    m.on_event({"type": "gpu_fatal", "ts": 1.0, "node": "n", "gpu": 0, "reason": "Xid 79"})
-    assert value(m, "stalwart_gpu_faults_total", node="n", gpu="0", severity="fatal") == 1
+
+
+def test_batch_histogram_matches_prometheus_bucket_semantics():
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from orchestrator.metrics import BatchHistogram
+
+    buckets = (0.1, 0.5, 1.0)
+    values = [0.05, 0.1, 0.1000001, 0.5, 0.7, 1.0, 3.0, 0.0]
+    ours_reg, theirs_reg = CollectorRegistry(), CollectorRegistry()
+    ours = BatchHistogram("x_seconds", "h", ("train_job",), buckets)
+    ours_reg.register(ours)
+    theirs = Histogram("x_seconds", "h", ("train_job",), buckets=buckets, registry=theirs_reg)
+    ours.labels("j").observe_many(values[:4])
+    ours.labels("j").observe(values[4])
+    ours.labels("j").observe_n(1.0, 1)
+    ours.labels("j").observe_many(values[6:])
+    ours.labels("j").observe_many([])
+    for v in values:
+        theirs.labels("j").observe(v)
+
+    def samples(reg):
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(generate_latest(reg).decode())
+            for s in f.samples
+            if not s.name.endswith("_created")
+        }
+
+    assert samples(ours_reg) == pytest.approx(samples(theirs_reg))
+    # n equal observations at once: exact count and sum.
+    ours.labels("k").observe_n(0.2, 1000)
+    assert ours_reg.get_sample_value("x_seconds_count", {"train_job": "k"}) == 1000
+    assert ours_reg.get_sample_value("x_seconds_sum", {"train_job": "k"}) == pytest.approx(200)
+    assert ours_reg.get_sample_value("x_seconds_bucket", {"train_job": "k", "le": "0.1"}) == 0
+    assert ours_reg.get_sample_value("x_seconds_bucket", {"train_job": "k", "le": "0.5"}) == 1000

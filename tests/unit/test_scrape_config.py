@@ -93,7 +93,10 @@ def test_the_stalwart_job_is_what_the_rules_and_docs_expect():
     assert re.fullmatch(absent.group(1), job["job_name"])
     assert job["scrape_interval"] == "5s"
     assert int(job["scrape_timeout"].removesuffix("s")) <= 5
-    [static] = job["static_configs"]
-    assert static["targets"] == ["127.0.0.1:9400"]
+    # Targets come and go with the jobs (file discovery): a fixed target would be down
+    # between jobs and StalwartExporterAbsent would fire.
+    assert "static_configs" not in job
+    [sd] = job["file_sd_configs"]
+    assert all(f.startswith("/etc/prometheus/stalwart.d/") for f in sd["files"])
     assert "metrics: {port: 9400}" in SCRAPE.read_text()
     assert "9400" in OPERATIONS.read_text()
