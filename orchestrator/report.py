@@ -1,19 +1,13 @@
 """`stalwart report RUN_DIR`: PNG figures and one HTML page from a finished (or killed) run.
 
 Reads RUN_DIR/events.jsonl (required) and RUN_DIR/result.json (optional: a run killed mid-way
-has none) and writes to RUN_DIR/report/ (or `out_dir`):
+has none) and writes the figures and index.html to RUN_DIR/report/ (or `out_dir`).
 
-- timeline.png: loss and steps/s over time, faults and failures (red), recoveries (green
-  spans), stragglers, cordons, GPU faults and durable checkpoints;
-- step_time_heatmap.png: each rank's median compute seconds per step over time;
-- recovery_phases.png: one stacked bar per recovery, its phases in seconds;
-- checkpoints.png: snapshot cost on the step, durable write seconds, commit lag;
-- goodput.png: the wall time split into productive, recovering, redone and start-up time;
-- index.html: the figures with captions and a summary table.
-
-The computations (`timeline`, `goodput`, `heatmap`) are pure functions of the event list,
-apart from the plotting, so they can be tested on small synthetic lists. Nothing here needs
-Ray or a running job. See docs/report.md for how to read the figures.
+This module reads the run, computes the numbers behind the figures (`timeline`, `goodput`,
+`heatmap`: pure functions of the event list, tested on small synthetic lists), writes the
+page and puts it all together (`build_report`); orchestrator/report_figures.py draws the
+figures (matplotlib, imported only by `build_report`). Nothing here needs Ray or a running
+job. See docs/report.md for how to read the figures.
 """
 
 from __future__ import annotations
@@ -27,66 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
-from matplotlib.ticker import MaxNLocator
-from matplotlib.transforms import blended_transform_factory
+import numpy as np
 
-DPI = 110
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 PHASES = ("detect", "decide", "abort", "replace", "rendezvous", "reenter", "restore", "first_step")
-PHASE_COLORS = (
-    "#d62728",
-    "#ff7f0e",
-    "#8c564b",
-    "#e377c2",
-    "#1f77b4",
-    "#17becf",
-    "#9467bd",
-    "#2ca02c",
-)
-FAULT_COLOR = "#d62728"
-RECOVERY_COLOR = "#2ca02c"
-STRAGGLER_COLOR = "#ff7f0e"
-CORDON_COLOR = "#9467bd"
-GPU_COLOR = "#8b0000"
-PERSIST_COLOR = "#1f77b4"
-NOTE_COLOR = "#555555"
-FIGURES = (
-    (
-        "timeline.png",
-        "Loss and training rate over time. Red lines: injected faults (solid) and other "
-        "failures (dashed), labelled with kind and rank; green spans: recoveries from the "
-        "failure to the first step after the restore (duration labelled); blue triangles: "
-        "durable checkpoints; orange/purple: stragglers, cordons; grey: start-up before the "
-        "first generation ran.",
-    ),
-    (
-        "step_time_heatmap.png",
-        "Top: each rank's median compute time per step (collective waits excluded) in each "
-        "~1 s throughput interval. Bottom: the same over the other ranks' median (the "
-        "straggler score): a slow rank is a red row. Grey: no step in that interval.",
-    ),
-    (
-        "recovery_phases.png",
-        "Where each recovery's time went, from the failure to the first step after the "
-        "restore: detect, decide, abort the survivors, replace the lost ranks, rendezvous, "
-        "re-enter the train loop, restore the checkpoint, the first step.",
-    ),
-    (
-        "checkpoints.png",
-        "Checkpoint costs: the in-memory snapshot's time on the training step (run mean), "
-        "each durable checkpoint's write time, and the commit lag (steps a node loss would "
-        "redo) over time.",
-    ),
-    (
-        "goodput.png",
-        "Where the wall time went. Goodput = productive / wall: productive leaves out the "
-        "start-up, the time spent recovering and the time of steps trained again.",
-    ),
-)
 
 
 class ReportError(Exception):
@@ -129,10 +67,47 @@ def load_run(run_dir: str | Path) -> RunData:
     if not run.is_dir():
         raise ReportError(f"{run}: not a directory (expected the --output of stalwart run)")
     path = run / "events.jsonl"
-    if not path.is_file():
+    if not path.exists():
         raise ReportError(
             f"{path}: missing (expected one JSON event per line, written by stalwart run)"
         )
+    try:
+        events, skipped = _read_events(path)
+    except OSError as e:
+        raise ReportError(f"{path}: cannot read it ({_reason(e)})") from e
+    if not events:
+        if skipped:
+            raise ReportError(
+                f"{path}: none of its {len(skipped)} line(s) is a JSON event with a numeric ts "
+                f"and a type (first bad line: {skipped[0]})"
+            )
+        raise ReportError(f"{path}: empty (expected one JSON event per line)")
+    events.sort(key=lambda e: (e["ts"], _num(e.get("seq")) or 0))
+    notes = []
+    if skipped:
+        shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
+        notes.append(
+            f"{path.name}: skipped {len(skipped)} malformed line(s) (line {shown}); "
+            "expected a JSON object with ts and type on each line"
+        )
+    result = None
+    rpath = run / "result.json"
+    if rpath.exists():
+        try:
+            result = json.loads(rpath.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ReportError(f"{rpath}: cannot read it ({_reason(e)})") from e
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ReportError(f"{rpath}: not valid JSON ({e}); expected the run's summary") from e
+        if not isinstance(result, dict):
+            raise ReportError(f"{rpath}: expected a JSON object (the run's summary)")
+    else:
+        notes.append("no result.json: the run did not finish")
+    return RunData(run, events, result, skipped, notes)
+
+
+def _read_events(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """The events of a JSON-lines file, and the numbers of the lines that are not one."""
     events: list[dict[str, Any]] = []
     skipped: list[int] = []
     with path.open(encoding="utf-8", errors="replace") as f:
@@ -144,42 +119,20 @@ def load_run(run_dir: str | Path) -> RunData:
             except json.JSONDecodeError:
                 skipped.append(number)
                 continue
-            if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-                skipped.append(number)
-                continue
-            ts = _num(event.get("ts"))
-            if ts is None:
+            ts = _num(event.get("ts")) if isinstance(event, dict) else None
+            if ts is None or not isinstance(event.get("type"), str):
                 skipped.append(number)
                 continue
             event["ts"] = ts
             events.append(event)
-    if not events:
-        if skipped:
-            raise ReportError(
-                f"{path}: none of its {len(skipped)} line(s) is a JSON event with a numeric ts "
-                f"and a type (first bad line: {skipped[0]})"
-            )
-        raise ReportError(f"{path}: empty (expected one JSON event per line)")
-    events.sort(key=lambda e: (e["ts"], _num(e.get("seq")) or 0))
-    warnings = []
-    if skipped:
-        shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
-        warnings.append(
-            f"{path.name}: skipped {len(skipped)} malformed line(s) (line {shown}); "
-            "expected a JSON object with ts and type on each line"
-        )
-    result = None
-    rpath = run / "result.json"
-    if rpath.is_file():
-        try:
-            result = json.loads(rpath.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ReportError(f"{rpath}: not valid JSON ({e}); expected the run's summary") from e
-        if not isinstance(result, dict):
-            raise ReportError(f"{rpath}: expected a JSON object (the run's summary)")
-    else:
-        warnings.append("no result.json: the run did not finish")
-    return RunData(run, events, result, skipped, warnings)
+    return events, skipped
+
+
+def _reason(e: OSError) -> str:
+    """An OSError's reason without the path the message already names."""
+    if e.errno is not None and e.strerror:
+        return e.strerror
+    return str(e) or type(e).__name__
 
 
 # --- computations -----------------------------------------------------------------------------
@@ -390,20 +343,27 @@ def _match_fault(faults: list[dict[str, Any]], failure: Mapping[str, Any]) -> di
 
 @dataclass
 class Goodput:
-    """The job's wall time split up (seconds). `goodput` = productive / wall (None without
-    state events); `running_goodput` leaves out the start-up like the exporter's
-    stalwart_productive_seconds_total / stalwart_wall_seconds_total."""
+    """The job's wall time split up (seconds) and two goodput ratios (None without state
+    events): `whole_job` = productive / wall from the job's first event to its end (start-up
+    included); `since_running` = productive / the time since the first RUNNING, the
+    exporter's ratio: result.json's `goodput` (`exporter`) when given, else estimated."""
 
     wall_s: float
     startup_s: float  # before the first RUNNING: scheduling, preflight, ...
     recovering_s: float  # in state RECOVERING
-    redone_s: float  # redone steps x the median step time
+    redone_s: float  # the time of the steps trained again
     productive_s: float
     redone_steps: int
     step_time_s: float | None  # the median step time (1 / median steps per second)
-    goodput: float | None
-    running_goodput: float | None
+    whole_job: float | None
+    since_running: float | None
+    exporter: float | None = None  # result.json's goodput
     known: bool = True  # False: no state event says when the job ran
+
+    @property
+    def from_exporter(self) -> bool:
+        """Whether the split follows the exporter's goodput (else it is estimated)."""
+        return self.exporter is not None and self.since_running == self.exporter
 
 
 def median_step_time(events: Iterable[Mapping[str, Any]]) -> float | None:
@@ -439,13 +399,17 @@ def redone_steps(events: list[Mapping[str, Any]]) -> int:
     return total
 
 
-def goodput(events: list[Mapping[str, Any]], redone: int | None = None) -> Goodput:
-    """Split the job's wall time (its first event to its end state, or to the last event)
-    like orchestrator/metrics.py's `_goodput`: recovering = time in state RECOVERING,
-    redone = `redone` steps (default: estimated from the events) x the median step time,
-    productive = the rest after the start-up (before the first RUNNING)."""
+def goodput(
+    events: list[Mapping[str, Any]], redone: int | None = None, exporter: float | None = None
+) -> Goodput:
+    """Split the job's wall time (its first event to its end state, or to the last event):
+    start-up = before the first RUNNING, recovering = in state RECOVERING, redone = the
+    steps trained again, productive = the rest. With `exporter` (result.json's goodput, as
+    orchestrator/metrics.py counted it) productive = `exporter` x the time since RUNNING and
+    redone what is left; without, redone = `redone` steps (default: estimated from the
+    events) x the median step time."""
     if not events:
-        return Goodput(0, 0, 0, 0, 0, 0, None, None, None, known=False)
+        return Goodput(0, 0, 0, 0, 0, 0, None, None, None, exporter, known=False)
     start = job_start(events)
     end = max(e["ts"] for e in events)
     first_running = None
@@ -470,54 +434,138 @@ def goodput(events: list[Mapping[str, Any]], redone: int | None = None) -> Goodp
     step_time = median_step_time(events)
     steps = redone_steps(events) if redone is None else max(0, int(redone))
     if not states:
-        return Goodput(wall, 0, 0, 0, 0, steps, step_time, None, None, known=False)
+        return Goodput(wall, 0, 0, 0, 0, steps, step_time, None, None, exporter, known=False)
     if first_running is None:  # never ran: all of it was start-up
-        return Goodput(wall, wall, 0, 0, 0, steps, step_time, 0.0 if wall else None, None)
-    startup = first_running - start
+        whole = 0.0 if wall else None
+        return Goodput(wall, wall, 0, 0, 0, steps, step_time, whole, None, exporter)
     running = max(0.0, end - first_running)
-    redone_s = min(steps * (step_time or 0.0), max(0.0, running - recovering))
-    productive = max(0.0, running - recovering - redone_s)
+    up = max(0.0, running - recovering)
+    if exporter is not None and running > 0:
+        productive = min(up, max(0.0, exporter * running))
+        if steps == 0 and up - productive <= 1e-4 * running:
+            productive = up  # no step redone: the rest is the 4 digits result.json keeps
+        since_running: float | None = exporter
+    else:
+        productive = up - min(steps * (step_time or 0.0), up)
+        since_running = productive / running if running > 0 else None
     return Goodput(
         wall_s=wall,
-        startup_s=startup,
+        startup_s=first_running - start,
         recovering_s=recovering,
-        redone_s=redone_s,
+        redone_s=up - productive,
         productive_s=productive,
         redone_steps=steps,
         step_time_s=step_time,
-        goodput=productive / wall if wall > 0 else None,
-        running_goodput=productive / running if running > 0 else None,
+        whole_job=productive / wall if wall > 0 else None,
+        since_running=since_running,
+        exporter=exporter,
     )
 
 
 @dataclass
 class Heatmap:
+    """Ranks x throughput intervals of median compute seconds per step, kept per column
+    (rank -> seconds of the ranks the interval holds: those that made a step, in a job of
+    more than 64 ranks only its 64 slowest). `ranks`: every rank held, in order;
+    `ranks_total`: the job's rank count; `partial`: no interval holds every rank."""
+
     ranks: list[int]
     edges: list[float]  # len(columns) + 1 time edges, seconds since the job started
-    values: list[list[float]]  # [rank row][column], NaN where the rank made no step
+    columns: list[dict[int, float]]
+    ranks_total: int = 0
+    partial: bool = False
+    _ratios: list[dict[int, float]] | None = field(default=None, repr=False, compare=False)
 
-    def relative(self) -> list[list[float]]:
-        """Each value over the median of the other ranks' in its column (the straggler
-        score's measure: 1 is normal, 2 twice as slow); NaN without two ranks to compare."""
-        out = [[math.nan] * len(row) for row in self.values]
-        for c in range(len(self.edges) - 1):
-            column = [(r, row[c]) for r, row in enumerate(self.values) if not math.isnan(row[c])]
-            for r, v in column:
-                peers = [w for q, w in column if q != r]
-                if peers and statistics.median(peers) > 0:
-                    out[r][c] = v / statistics.median(peers)
+    @property
+    def values(self) -> np.ndarray:
+        """[row of `ranks`, column] seconds, NaN where the interval does not hold the rank."""
+        return self.matrix(self.ranks)
+
+    def matrix(self, ranks: list[int], relative: bool = False) -> np.ndarray:
+        """[row of `ranks`, column]: seconds, or with `relative` the `ratios()`; NaN where
+        the interval does not hold the rank."""
+        row = {r: i for i, r in enumerate(ranks)}
+        out = np.full((len(ranks), len(self.columns)), np.nan)
+        for c, cells in enumerate(self.ratios() if relative else self.columns):
+            for r, v in cells.items():
+                if r in row:
+                    out[row[r], c] = v
         return out
+
+    def relative(self, ranks: list[int] | None = None) -> np.ndarray:
+        return self.matrix(self.ranks if ranks is None else ranks, relative=True)
+
+    def ratios(self) -> list[dict[int, float]]:
+        """Per column: rank -> its value over the median of the other ranks' in the column
+        (the straggler score's measure: 1 is normal, 2 twice as slow); a rank without a peer
+        to compare with is left out. O(R log R) per column. A partial column compares the
+        ranks it holds (the slowest) with each other, which understates how slow they are."""
+        if self._ratios is None:
+            self._ratios = []
+            for cells in self.columns:
+                values = np.fromiter(cells.values(), float, len(cells))
+                peers = median_of_others(values)
+                self._ratios.append(
+                    {
+                        r: float(v / p)
+                        for r, v, p in zip(cells, values, peers, strict=True)
+                        if p > 0  # NaN (alone) compares False
+                    }
+                )
+        return self._ratios
+
+    def slowest(self, n: int) -> list[int]:
+        """The `n` most straggler-like ranks, in rank order: by the highest median of their
+        relative time over three consecutive intervals (of those the rank is in), so that
+        one odd interval does not count; ties go to the lower rank."""
+        if n >= len(self.ranks):
+            return list(self.ranks)
+        series: dict[int, dict[int, float]] = {}
+        for c, cells in enumerate(self.ratios()):
+            for r, v in cells.items():
+                series.setdefault(r, {})[c] = v
+        last = max(0, len(self.columns) - 3)  # the last window's first column
+        score: dict[int, float] = {}
+        for r, by_column in series.items():
+            windows = {w for c in by_column for w in range(max(0, c - 2), min(c, last) + 1)}
+            score[r] = max(
+                statistics.median(by_column[c] for c in range(w, w + 3) if c in by_column)
+                for w in windows
+            )
+        order = sorted(self.ranks, key=lambda r: (-score.get(r, -math.inf), r))
+        return sorted(order[: max(0, n)])
+
+
+def median_of_others(values: np.ndarray) -> np.ndarray:
+    """For each value, the median of all the others (NaN when alone), in O(n log n): in the
+    sorted values without the one at sorted position i, position p holds sorted[p] below i
+    and sorted[p + 1] from i on."""
+    k = values.size
+    if k < 2:
+        return np.full(k, np.nan)
+    order = np.argsort(values, kind="stable")
+    s = values[order]
+    pos = np.empty(k, dtype=int)
+    pos[order] = np.arange(k)
+
+    def at(p: int) -> np.ndarray:
+        return np.where(p < pos, s[p], s[p + 1])
+
+    n = k - 1
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
 
 
 def heatmap(events: list[Mapping[str, Any]]) -> Heatmap:
     """Ranks x throughput intervals of median compute seconds per step. Each throughput
     event covers the time since the previous one; events without rank_compute_s (runs
-    before it was recorded) are left out."""
+    before it was recorded) are left out; an interval need not hold every rank (a job of
+    more than 64 ranks logs the slowest 64 of each)."""
     if not events:
         return Heatmap([], [], [])
     t0 = job_start(events)
     columns: list[tuple[float, float, dict[int, float]]] = []
     prev: float | None = None
+    total = 0
     for e in events:
         if e["type"] != "throughput":
             continue
@@ -531,11 +579,11 @@ def heatmap(events: list[Mapping[str, Any]]) -> Heatmap:
                     values[rank] = seconds
             begin = prev if prev is not None else t - 1.0
             columns.append((begin, t, values))
+            total = max(total, _int(e.get("ranks_total")) or 0)
         prev = t
     ranks = sorted({r for _, _, v in columns for r in v})
     if not ranks:
         return Heatmap([], [], [])
-    ranks = list(range(max(ranks) + 1))
     edges = [columns[0][0]]
     cells: list[dict[int, float]] = []
     for begin, end, values in columns:
@@ -544,656 +592,9 @@ def heatmap(events: list[Mapping[str, Any]]) -> Heatmap:
             cells.append({})
         edges.append(end)
         cells.append(values)
-    return Heatmap(ranks, edges, [[c.get(r, math.nan) for c in cells] for r in ranks])
-
-
-# --- plotting helpers -------------------------------------------------------------------------
-
-
-def _new_figure(width: float, height: float) -> Figure:
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI, format="png", facecolor="white")
-    fig.clear()
-    return path
-
-
-def _tex(text: Any) -> str:
-    """User text for matplotlib: no mathtext from a `$` in a job name."""
-    return str(text).replace("$", r"\$")
-
-
-def _no_data(ax: Any, message: str) -> None:
-    ax.text(
-        0.5,
-        0.5,
-        _tex(message),
-        transform=ax.transAxes,
-        ha="center",
-        va="center",
-        fontsize=10,
-        color=NOTE_COLOR,
-        wrap=True,
-        bbox={"boxstyle": "round", "facecolor": "#f4f4f4", "edgecolor": "#cccccc"},
-    )
-
-
-def _stagger(
-    ax: Any,
-    items: list[tuple[float, str, str]],
-    xlim: tuple[float, float],
-    base: float = 0.97,
-    direction: int = -1,
-    levels: int = 5,
-    fontsize: float = 8,
-) -> int:
-    """Label vertical markers (x, text, colour) on `ax` without overlaps: each label goes on
-    the first row where it does not overlap another, rows starting at `base` (axes fraction)
-    and going down (direction -1) or up (+1) a line at a time; a label near the right edge
-    ends at its marker instead of starting there. Returns the rows used."""
-    if not items:
-        return 0
-    x0, x1 = xlim
-    span = (x1 - x0) or 1.0
-    width_pts = ax.get_figure().get_figwidth() * 72 * ax.get_position().width
-    per_char = span * fontsize * 0.62 / max(width_pts, 1.0)
-    rows: list[list[tuple[float, float]]] = [[] for _ in range(levels)]
-    trans = blended_transform_factory(ax.transData, ax.transAxes)
-    line = fontsize * 1.75  # points between rows
-    for x, text, color in sorted(items):
-        width = (max(len(t) for t in text.splitlines()) + 2) * per_char
-        left, right, ha = x, x + width, "left"
-        if right > x1:
-            left, right, ha = x - width, x, "right"
-        chosen = None
-        for i, row in enumerate(rows):
-            if all(right < a or left > b for a, b in row):
-                chosen = i
-                break
-        if chosen is None:  # all rows busy here: the row whose last label ends first
-            chosen = min(range(levels), key=lambda i: max((b for _, b in rows[i]), default=0))
-        rows[chosen].append((left, right))
-        ax.annotate(
-            _tex(text),
-            xy=(x, base),
-            xycoords=trans,
-            xytext=(2 if ha == "left" else -2, direction * chosen * line),
-            textcoords="offset points",
-            ha=ha,
-            va="top" if direction < 0 else "bottom",
-            fontsize=fontsize,
-            color=color,
-            bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.85, "lw": 0},
-            annotation_clip=False,
-            zorder=6,
-        )
-    return sum(1 for row in rows if row)
-
-
-_MARKER_STYLE = {
-    "fault": (FAULT_COLOR, "-"),
-    "failure": (FAULT_COLOR, "--"),
-    "straggler": (STRAGGLER_COLOR, ":"),
-    "cordon": (CORDON_COLOR, ":"),
-    "gpu": (GPU_COLOR, "-."),
-    "resize": (NOTE_COLOR, ":"),
-}
-
-
-def _draw_events(ax: Any, tl: Timeline, spans: bool = True) -> None:
-    """Failure markers, recovery spans and the start-up shade on one axes (no labels)."""
-    if tl.first_running:
-        ax.axvspan(0, tl.first_running, color="#dddddd", alpha=0.5, lw=0, zorder=0)
-    if spans:
-        for r in tl.recoveries:
-            color = RECOVERY_COLOR if r.outcome == "recovered" else FAULT_COLOR
-            ax.axvspan(r.start, max(r.end, r.start + 1e-3), color=color, alpha=0.25, lw=0)
-    for m in tl.markers:
-        color, style = _MARKER_STYLE.get(m.kind, (NOTE_COLOR, ":"))
-        ax.axvline(m.t, color=color, ls=style, lw=1.3, zorder=4)
-
-
-def _event_handles(tl: Timeline, checkpoints: bool = True) -> list[Any]:
-    """Legend entries for what `_draw_events` (and, with `checkpoints`, the timeline's
-    checkpoint ticks) drew: only what is there."""
-    kinds = {m.kind for m in tl.markers}
-    entries = [
-        (
-            "fault" in kinds,
-            Line2D([], [], color=FAULT_COLOR, label="injected fault (kind, rank, @step)"),
-        ),
-        (
-            "failure" in kinds,
-            Line2D([], [], color=FAULT_COLOR, ls="--", label="failure (kind, rank)"),
-        ),
-        (
-            any(r.outcome == "recovered" for r in tl.recoveries),
-            Patch(color=RECOVERY_COLOR, alpha=0.35, label="recovery: failure → first step"),
-        ),
-        (
-            any(r.outcome != "recovered" for r in tl.recoveries),
-            Patch(color=FAULT_COLOR, alpha=0.35, label="recovery that did not end"),
-        ),
-        (bool(tl.first_running), Patch(color="#dddddd", label="start-up (before RUNNING)")),
-        (
-            "straggler" in kinds,
-            Line2D([], [], color=STRAGGLER_COLOR, ls=":", label="straggler flagged"),
-        ),
-        ("cordon" in kinds, Line2D([], [], color=CORDON_COLOR, ls=":", label="node cordoned")),
-        ("gpu" in kinds, Line2D([], [], color=GPU_COLOR, ls="-.", label="GPU fault")),
-        ("resize" in kinds, Line2D([], [], color=NOTE_COLOR, ls=":", label="world resized")),
-        (
-            checkpoints and bool(tl.persisted),
-            Line2D([], [], color=PERSIST_COLOR, marker="v", ls="", label="durable checkpoint"),
-        ),
-        (
-            checkpoints and bool(tl.persist_failed),
-            Line2D([], [], color=FAULT_COLOR, marker="x", ls="", label="durable write failed"),
-        ),
-    ]
-    return [handle for shown, handle in entries if shown]
-
-
-def _xlim(tl: Timeline) -> tuple[float, float]:
-    return (0.0, max(tl.end, max(tl.times, default=0.0), 1.0) * 1.01)
-
-
-# --- figures ----------------------------------------------------------------------------------
-
-
-def plot_timeline(tl: Timeline, name: str, path: Path) -> Path:
-    fig = _new_figure(12, 7.5)
-    ax_loss, ax_rate = fig.subplots(2, 1, sharex=True, height_ratios=(1.1, 1))
-    xlim = _xlim(tl)
-    fig.suptitle(_tex(f"{name}: loss and throughput over time"), fontsize=13, weight="bold")
-
-    for ax in (ax_loss, ax_rate):
-        _draw_events(ax, tl)
-        ax.grid(alpha=0.3)
-    if tl.has_loss:
-        pts = [(t, v) for t, v in zip(tl.times, tl.loss, strict=True) if v is not None]
-        ax_loss.plot(*zip(*pts, strict=True), color="black", lw=1.4, marker=".", ms=3)
-        lo = min(v for _, v in pts)
-        hi = max(v for _, v in pts)
-        pad = (hi - lo) * 0.1 or 0.1
-        # Head room for the failure labels above the curve.
-        ax_loss.set_ylim(lo - pad, hi + (hi - lo + pad) * 0.9)
-    else:
-        _no_data(
-            ax_loss,
-            "no loss in the throughput events\n(a run recorded before loss was logged, or a "
-            "train loop that reports none)",
-        )
-    ax_loss.set_ylabel("loss (mean over ranks)")
-    ax_loss.set_title("training loss", fontsize=10, loc="left")
-
-    rates = [(t, v) for t, v in zip(tl.times, tl.steps_per_s, strict=True) if v is not None]
-    top_labels: list[tuple[float, str, str]] = []
-    if rates:
-        ax_rate.plot(*zip(*rates, strict=True), color="#1f4e79", lw=1.4, drawstyle="steps-pre")
-        # A lone interval far above the rest (a rate measured across a generation change)
-        # would flatten the curve: the axis stops at 3x the median, those points are noted.
-        cap = max(3 * statistics.median(v for _, v in rates), 1e-3)
-        top = max(v for _, v in rates)
-        if top > cap:
-            top = cap
-            top_labels += [
-                (t, f"↑ {v:.0f} steps/s (off scale)", "#1f4e79") for t, v in rates if v > cap
-            ]
-        ax_rate.set_ylim(0, top * 1.6 or 1)
-    else:
-        _no_data(ax_rate, "no throughput events in this run")
-    ax_rate.set_ylabel("training rate (steps/s)")
-    ax_rate.set_xlabel("seconds since the job started")
-    ax_rate.set_title("steps per second (each ~1 s interval)", fontsize=10, loc="left")
-    ax_rate.set_xlim(*xlim)
-    trans = blended_transform_factory(ax_rate.transData, ax_rate.transAxes)
-    for p in tl.persisted:
-        ax_rate.plot([p["t"]], [0.985], marker="v", color=PERSIST_COLOR, ms=7, transform=trans)
-        if p["step"] is not None:
-            top_labels.append((p["t"], f"ckpt {p['step']}", PERSIST_COLOR))
-    for p in tl.persist_failed:
-        ax_rate.plot([p["t"]], [0.985], marker="x", color=FAULT_COLOR, ms=7, transform=trans)
-
-    fig.canvas.draw()  # positions for the label layout
-    _stagger(
-        ax_loss,
-        [
-            (m.t, m.label, _MARKER_STYLE.get(m.kind, (NOTE_COLOR, ""))[0])
-            for m in tl.markers
-            if m.t <= xlim[1]
-        ],
-        xlim,
-    )
-    _stagger(ax_rate, top_labels, xlim, base=0.94, levels=2, fontsize=7)
-    _stagger(
-        ax_rate,
-        [
-            (
-                r.start,
-                f"{'recovered' if r.outcome == 'recovered' else r.outcome} in {_secs(r.duration)}",
-                RECOVERY_COLOR if r.outcome == "recovered" else FAULT_COLOR,
-            )
-            for r in tl.recoveries
-        ],
-        xlim,
-        base=0.03,
-        direction=1,
-        levels=3,
-    )
-    handles = _event_handles(tl)
-    fig.legend(
-        handles=handles,
-        loc="outside lower center",
-        ncol=max(1, min(4, len(handles))),
-        fontsize=8,
-        frameon=False,
-    )
-    return _save(fig, path)
-
-
-def plot_heatmap(hm: Heatmap, tl: Timeline, name: str, path: Path) -> Path:
-    import numpy as np
-    from matplotlib.colors import LogNorm
-    from matplotlib.ticker import FixedLocator, NullLocator
-
-    xlim = _xlim(tl)
-    if not hm.ranks:
-        fig = _new_figure(12, 3.2)
-        ax = fig.subplots()
-        fig.suptitle(_tex(f"{name}: step time per rank"), fontsize=13, weight="bold")
-        _no_data(
-            ax,
-            "no per-rank step times in the throughput events\n(runs recorded before "
-            "rank_compute_s was logged have none)",
-        )
-        ax.set_yticks([])
-        ax.set_xlim(*xlim)
-        ax.set_xlabel("seconds since the job started")
-        ax.set_ylabel("rank")
-        return _save(fig, path)
-    fig = _new_figure(12, max(5.0, 2.6 + 0.5 * len(hm.ranks)))
-    ax_abs, ax_rel = fig.subplots(2, 1, sharex=True)
-    fig.suptitle(_tex(f"{name}: step time per rank"), fontsize=13, weight="bold")
-    data = np.array(hm.values, dtype=float)
-    finite = data[np.isfinite(data)]
-    ms = finite.size == 0 or float(np.nanmax(finite)) < 1.0
-    scale, unit = (1000.0, "ms") if ms else (1.0, "s")
-    # The colour scale ends at the 98th percentile: one odd interval does not wash out the rest.
-    vmax = float(np.percentile(finite, 98)) * scale if finite.size else 1.0
-    x = np.array(hm.edges)
-    y = np.arange(len(hm.ranks) + 1) - 0.5
-    cmap = _colormap("viridis", bad="#d9d9d9")
-    mesh = ax_abs.pcolormesh(
-        x, y, np.ma.masked_invalid(data * scale), cmap=cmap, vmin=0, vmax=vmax or 1.0
-    )
-    bar = fig.colorbar(mesh, ax=ax_abs, pad=0.01, extend="max")
-    bar.set_label(f"{unit} per step")
-    rel = np.array(hm.relative(), dtype=float)
-    cmap = _colormap("RdBu_r", bad="#d9d9d9")
-    mesh = ax_rel.pcolormesh(
-        x, y, np.ma.masked_invalid(rel), cmap=cmap, norm=LogNorm(vmin=1 / 3, vmax=3)
-    )
-    bar = fig.colorbar(mesh, ax=ax_rel, pad=0.01, extend="both")
-    ticks = [1 / 3, 1 / 2, 1, 2, 3]
-    bar.ax.yaxis.set_major_locator(FixedLocator(ticks))
-    bar.ax.yaxis.set_minor_locator(NullLocator())
-    bar.ax.set_yticklabels(["⅓x", "½x", "1x", "2x", "3x"])
-    bar.set_label("x peers' median")
-    for ax in (ax_abs, ax_rel):
-        ax.set_yticks(hm.ranks)
-        ax.set_yticklabels([str(r) for r in hm.ranks])
-        ax.set_ylim(len(hm.ranks) - 0.5, -0.5)  # rank 0 on top
-        ax.set_ylabel("rank")
-        for m in tl.markers:
-            if m.kind in ("fault", "failure", "straggler"):
-                color, style = _MARKER_STYLE[m.kind]
-                ax.axvline(m.t, color="white", lw=2.6, zorder=3)
-                ax.axvline(m.t, color=color, ls=style, lw=1.4, zorder=4)
-    ax_rel.set_xlim(*xlim)
-    ax_rel.set_xlabel("seconds since the job started")
-    ax_rel.set_title(
-        "the same, relative to the other ranks' median in the interval (red: slower than its "
-        "peers, blue: faster; the straggler score)",
-        fontsize=9,
-        loc="left",
-    )
-    fig.canvas.draw()
-    used = _stagger(
-        ax_abs,
-        [
-            (m.t, m.label, _MARKER_STYLE[m.kind][0])
-            for m in tl.markers
-            if m.kind in ("fault", "failure", "straggler")
-        ],
-        xlim,
-        base=1.0,
-        direction=1,
-        levels=3,
-    )
-    ax_abs.set_title(
-        "each rank's median compute time per step (collective waits excluded) in each ~1 s "
-        "interval; grey: no step in the interval",
-        fontsize=9,
-        loc="left",
-        pad=6 + used * 8 * 1.75,
-    )
-    return _save(fig, path)
-
-
-def plot_recovery_phases(tl: Timeline, name: str, path: Path) -> Path:
-    recs = tl.recoveries
-    fig = _new_figure(12, max(3.4, 2.2 + 0.55 * len(recs)))
-    ax = fig.subplots()
-    fig.suptitle(_tex(f"{name}: recovery phases per failure"), fontsize=13, weight="bold")
-    ax.set_xlabel("seconds from the failure to the first step after the restore")
-    if not recs:
-        _no_data(ax, "no failures and recoveries in this run")
-        ax.set_yticks([])
-        return _save(fig, path)
-    labels = []
-    widest = 0.0
-    segments: list[tuple[float, float, str]] = []
-    bar_segments: dict[int, list[tuple[float, float, str]]] = {}
-    for i, r in enumerate(recs):
-        left = 0.0
-        segments.clear()
-        if r.phases:
-            for phase, color in zip(PHASES, PHASE_COLORS, strict=True):
-                width = r.phases.get(phase) or 0.0
-                if width > 0:
-                    ax.barh(i, width, left=left, color=color, edgecolor="white", lw=0.5)
-                    segments.append((left, width, phase))
-                    left += width
-            total = f"Σ {_secs(left)}"
-            if not r.detect_known:
-                total += " (detect unknown: not injected)"
-        else:
-            left = r.duration
-            ax.barh(i, left, color="#bbbbbb", hatch="//", edgecolor="#777777")
-            total = f"{r.outcome} after {_secs(left)} (no phases)"
-        widest = max(widest, left)
-        bar_segments[i] = list(segments)
-        ax.annotate(
-            _tex(total),
-            xy=(left, i),
-            xytext=(4, 0),
-            textcoords="offset points",
-            va="center",
-            fontsize=9,
-        )
-        where = f"gen {r.generation}" if r.generation is not None else r.outcome
-        restored = f", restored step {r.restore_step}" if r.restore_step is not None else ""
-        labels.append(f"#{i + 1} {r.label}\nt={r.start:.1f} s, {where}{restored}")
-    ax.set_yticks(range(len(recs)))
-    ax.set_yticklabels([_tex(x) for x in labels], fontsize=8)
-    ax.set_ylim(len(recs) - 0.5, -0.5)
-    ax.set_xlim(0, max(widest, 1e-3) * 1.35)
-    # The seconds of each phase inside its segment, where the segment is wide enough.
-    for i, segs in bar_segments.items():
-        for left, width, _phase in segs:
-            if width >= widest * 1.35 * 0.045:
-                ax.text(
-                    left + width / 2,
-                    i,
-                    _secs(width),
-                    ha="center",
-                    va="center",
-                    fontsize=7.5,
-                    color="white",
-                    weight="bold",
-                )
-    ax.grid(axis="x", alpha=0.3)
-    fig.legend(
-        handles=[
-            Patch(color=c, label=p.replace("_", " "))
-            for p, c in zip(PHASES, PHASE_COLORS, strict=True)
-        ],
-        loc="outside lower center",
-        ncol=len(PHASES),
-        fontsize=8,
-        frameon=False,
-    )
-    return _save(fig, path)
-
-
-def plot_checkpoints(tl: Timeline, result: Mapping[str, Any] | None, name: str, path: Path):
-    fig = _new_figure(12, 9)
-    ax_snap, ax_persist, ax_lag = fig.subplots(3, 1, height_ratios=(0.7, 1, 1))
-    ax_lag.sharex(ax_persist)
-    fig.suptitle(_tex(f"{name}: checkpoint costs"), fontsize=13, weight="bold")
-    xlim = _xlim(tl)
-    # Room on the right for the label of a checkpoint written at the very end.
-    xlim = (xlim[0], xlim[1] + 0.04 * (xlim[1] - xlim[0]))
-
-    ck = (result or {}).get("checkpoint") or {}
-    parts = [
-        ("capture (training thread)", _num(ck.get("capture_ms_mean"))),
-        ("wait (training thread, backpressure)", _num(ck.get("wait_ms_mean"))),
-        ("handover (background)", _num(ck.get("handover_ms_mean"))),
-    ]
-    if any(v is not None for _, v in parts):
-        shown = [(k, v or 0.0) for k, v in parts]
-        ax_snap.barh(
-            range(len(shown)),
-            [v for _, v in shown],
-            color=["#d62728", "#ff7f0e", "#7f7f7f"],
-        )
-        top = max(v for _, v in shown) or 1.0
-        for i, (_, v) in enumerate(shown):
-            ax_snap.annotate(
-                f"{v:.2f} ms",
-                xy=(v, i),
-                xytext=(4, 0),
-                textcoords="offset points",
-                va="center",
-                fontsize=9,
-            )
-        ax_snap.set_yticks(range(len(shown)))
-        ax_snap.set_yticklabels([k for k, _ in shown], fontsize=9)
-        ax_snap.set_ylim(len(shown) - 0.5, -0.5)
-        ax_snap.set_xlim(0, top * 1.25)
-        mb = _num(ck.get("bytes_per_snapshot"))
-        extra = f"{ck.get('snapshots', '?')} snapshots" + (
-            f" of {mb / 1e6:.2f} MB per rank" if mb else ""
-        )
-        ax_snap.set_title(
-            f"in-memory snapshot, mean per snapshot ({extra}; only capture + wait slow the step)",
-            fontsize=10,
-            loc="left",
-        )
-    else:
-        ax_snap.set_title("in-memory snapshot cost", fontsize=10, loc="left")
-        _no_data(
-            ax_snap,
-            "no snapshot statistics"
-            + (" (no result.json: the run did not finish)" if result is None else ""),
-        )
-        ax_snap.set_yticks([])
-    ax_snap.set_xlabel("milliseconds per snapshot")
-    ax_snap.grid(axis="x", alpha=0.3)
-
-    _draw_events(ax_persist, tl, spans=True)
-    ax_persist.set_title(
-        "durable checkpoints: seconds to write each one (shards, then the manifest), drawn when "
-        "it completed",
-        fontsize=10,
-        loc="left",
-    )
-    if tl.persisted or tl.persist_failed:
-        ts = [p["t"] for p in tl.persisted]
-        secs = [p["seconds"] or 0.0 for p in tl.persisted]
-        width = max(0.6, (xlim[1] - xlim[0]) / 150)
-        ax_persist.bar(ts, secs, width=width, color=PERSIST_COLOR, label="persisted", zorder=5)
-        top = max(secs, default=0.0) or 1.0
-        for p, s in zip(tl.persisted, secs, strict=True):
-            mb = f", {p['bytes'] / 1e6:.0f} MB" if p["bytes"] else ""
-            ax_persist.annotate(
-                f"step {p['step']}{mb}\n{s:.2f} s",
-                xy=(p["t"], s),
-                xytext=(0, 3),
-                textcoords="offset points",
-                ha="center",
-                va="bottom",
-                fontsize=7,
-                bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "alpha": 0.85, "lw": 0},
-                zorder=6,
-            )
-        if tl.persist_failed:
-            ax_persist.plot(
-                [p["t"] for p in tl.persist_failed],
-                [0] * len(tl.persist_failed),
-                "x",
-                color=FAULT_COLOR,
-                ms=9,
-                mew=2,
-                label="write failed",
-                clip_on=False,
-            )
-        ax_persist.set_ylim(0, top * 1.45)
-        ax_persist.legend(loc="upper left", fontsize=8)
-    else:
-        uri = ((result or {}).get("persist") or {}).get("uri")
-        _no_data(
-            ax_persist,
-            "no durable checkpoint written"
-            + (f" (to {uri})" if uri else " (checkpoint.persist.uri not set)"),
-        )
-    ax_persist.set_ylabel("write time (s)")
-    ax_persist.grid(alpha=0.3)
-    ax_persist.tick_params(labelbottom=True)
-
-    _draw_events(ax_lag, tl, spans=True)
-    # A lag below 0 (the committed step read before the newest step caught up) is drawn as 0.
-    lag = [(t, max(0.0, v)) for t, v in zip(tl.times, tl.commit_lag, strict=True) if v is not None]
-    ax_lag.set_title(
-        "commit lag: steps from the committed step to the newest (what a node loss redoes)",
-        fontsize=10,
-        loc="left",
-    )
-    if lag:
-        ax_lag.plot(*zip(*lag, strict=True), color="#444444", lw=1.3, drawstyle="steps-pre")
-        top = max(max(v for _, v in lag) * 1.2, 1)
-        ax_lag.set_ylim(-0.04 * top, top)  # a lag of 0 stays visible above the axis
-        ax_lag.yaxis.set_major_locator(MaxNLocator(integer=True))
-    else:
-        _no_data(ax_lag, "no commit lag in the throughput events")
-    ax_lag.set_ylabel("commit lag (steps)")
-    ax_lag.set_xlabel("seconds since the job started")
-    ax_lag.set_xlim(*xlim)
-    ax_lag.grid(alpha=0.3)
-    handles = _event_handles(tl, checkpoints=False)
-    fig.legend(
-        handles=handles,
-        loc="outside lower center",
-        ncol=max(1, min(4, len(handles))),
-        fontsize=8,
-        frameon=False,
-    )
-    return _save(fig, path)
-
-
-def plot_goodput(g: Goodput, name: str, path: Path) -> Path:
-    fig = _new_figure(12, 4.2)
-    ax = fig.subplots()
-    if not g.known or g.goodput is None:
-        fig.suptitle(_tex(f"{name}: goodput unknown"), fontsize=13, weight="bold")
-        _no_data(
-            ax,
-            "no state events: the log does not say when the job ran"
-            if not g.known
-            else "the job never ran (no RUNNING state)",
-        )
-        ax.set_xticks([])
-        ax.set_yticks([])
-        return _save(fig, path)
-    fig.suptitle(
-        _tex(
-            f"{name}: goodput {g.goodput:.1%} = productive {g.productive_s:.1f} s / "
-            f"wall {g.wall_s:.1f} s"
-        ),
-        fontsize=13,
-        weight="bold",
-    )
-    step = f"{g.step_time_s:.3f} s" if g.step_time_s else "unknown"
-    parts = [
-        ("productive", g.productive_s, "#2ca02c"),
-        ("recovering (state RECOVERING)", g.recovering_s, "#d62728"),
-        (f"redone steps ({g.redone_steps} x median step {step})", g.redone_s, "#ff7f0e"),
-        ("start-up (before RUNNING)", g.startup_s, "#aaaaaa"),
-    ]
-    rows = [("whole job", g.wall_s, parts)]
-    running = g.wall_s - g.startup_s
-    if running > 0:
-        rows.append(("since RUNNING\n(the exporter's view)", running, parts[:3]))
-    for i, (_, total, segs) in enumerate(rows):
-        left = 0.0
-        small_right, below = -100.0, 0
-        for _label, secs, color in segs:
-            share = secs / total if total else 0.0
-            ax.barh(i, share * 100, left=left, height=0.6, color=color, edgecolor="white")
-            if share >= 0.06:
-                ax.text(
-                    left + share * 50,
-                    i,
-                    f"{share:.1%}\n{secs:.1f} s",
-                    ha="center",
-                    va="center",
-                    fontsize=9,
-                    color="white" if color != "#aaaaaa" else "black",
-                    weight="bold",
-                )
-            elif share > 0:  # too narrow for its label inside: below the bar, staggered
-                text = f"{_label.split(' (')[0]} {share:.1%}"
-                width = len(text) * 0.8  # in % of the axis at 8 pt on a 12 in figure
-                center = left + share * 50
-                # centred under its segment, but inside the axis at either end
-                ha, start = "center", center - width / 2
-                if center + width / 2 > 100:
-                    ha, start = "right", center - width
-                elif center - width / 2 < 0:
-                    ha, start = "left", center
-                below = 0 if start > small_right else below + 1
-                small_right = max(small_right, start + width)
-                ax.annotate(
-                    text,
-                    xy=(center, i + 0.3),
-                    xytext=(0, -2 - 10 * below),
-                    textcoords="offset points",
-                    ha=ha,
-                    va="top",
-                    fontsize=8,
-                    color=color if color != "#aaaaaa" else "black",
-                )
-            left += share * 100
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([r[0] for r in rows], fontsize=9)
-    ax.set_ylim(len(rows) - 0.4, -0.6)
-    ax.set_xlim(0, 100)
-    ax.set_xlabel("share of the wall time (%)")
-    ax.set_title(
-        f"second bar, without the start-up: goodput {g.running_goodput:.1%} since RUNNING "
-        "(what the exporter's stalwart_productive / stalwart_wall seconds give)"
-        if g.running_goodput is not None
-        else "",
-        fontsize=10,
-        loc="left",
-    )
-    fig.legend(
-        handles=[
-            Patch(color=c, label=f"{label}: {secs:.1f} s ({secs / g.wall_s:.1%} of wall)")
-            for label, secs, c in parts
-        ],
-        loc="outside lower center",
-        ncol=2,
-        fontsize=9,
-        frameon=False,
-    )
-    return _save(fig, path)
+    # Partial: the events give the job's rank count and no interval holds that many.
+    partial = total > max(len(v) for v in cells)
+    return Heatmap(ranks, edges, cells, max(total, len(ranks)), partial)
 
 
 # --- the page ---------------------------------------------------------------------------------
@@ -1219,21 +620,13 @@ def _summary_rows(result: Mapping[str, Any] | None, g: Goodput, tl: Timeline) ->
         rows.append(("steps redone", str(r.get("lost_steps_total", "?"))))
         ck = r.get("checkpoint") or {}
         if _num(ck.get("capture_ms_mean")) is not None:
-            rows.append(
-                (
-                    "snapshots",
-                    f"{ck.get('snapshots', '?')}, {ck['capture_ms_mean']:.2f} ms on the step",
-                )
-            )
+            snapshots = f"{ck.get('snapshots', '?')}, {ck['capture_ms_mean']:.2f} ms on the step"
+            rows.append(("snapshots", snapshots))
         ps = r.get("persist") or {}
         if ps:
-            rows.append(
-                (
-                    "durable checkpoints",
-                    f"{len(_list(ps.get('persisted')))} to {ps.get('uri', '?')}"
-                    + (f", {ps['failures']} failed" if ps.get("failures") else ""),
-                )
-            )
+            failed = f", {ps['failures']} failed" if ps.get("failures") else ""
+            where = f"{len(_list(ps.get('persisted')))} to {ps.get('uri', '?')}{failed}"
+            rows.append(("durable checkpoints", where))
         err = r.get("error")
         if isinstance(err, Mapping) and err.get("message"):
             rows.append(("error", str(err["message"])))
@@ -1243,8 +636,15 @@ def _summary_rows(result: Mapping[str, Any] | None, g: Goodput, tl: Timeline) ->
         if steps:
             rows.append(("newest step seen", str(max(steps))))
         rows.append(("failures seen", str(len(tl.recoveries))))
-    if g.goodput is not None:
-        rows.append(("goodput", f"{g.goodput:.1%} (productive / wall, see the figure)"))
+    if g.whole_job is not None:
+        text = f"{g.whole_job:.1%}: productive / wall from the job's first event to its end"
+        rows.append(("goodput, whole job (incl. start-up)", text))
+    if g.from_exporter:
+        text = f"{g.since_running:.1%}: result.json's goodput (the exporter's productive / wall)"
+        rows.append(("goodput since RUNNING (the exporter's)", text))
+    elif g.since_running is not None:
+        text = f"{g.since_running:.1%}: from the events (result.json has no goodput)"
+        rows.append(("goodput since RUNNING (estimated)", text))
     return rows
 
 
@@ -1273,7 +673,7 @@ def render_html(
     g: Goodput,
     tl: Timeline,
     images: list[tuple[str, str]],
-    warnings: list[str],
+    notes: list[str],
 ) -> str:
     e = html.escape
     status = str((result or {}).get("status", "did not finish"))
@@ -1290,7 +690,7 @@ def render_html(
         "</head><body>",
         f"<h1>{e(title)}</h1>",
     ]
-    for w in warnings:
+    for w in notes:
         out.append(f'<p class="warn">{e(w)}</p>')
     out.append("<table>")
     for k, v in _summary_rows(result, g, tl):
@@ -1327,22 +727,25 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Repo
         raise ReportError(f"{out}: cannot create the report directory ({e})") from e
     result = run.result
     name = str((result or {}).get("name") or run.run_dir.name)
+    from orchestrator import report_figures as figures  # matplotlib: only to draw
+
     redone = _int((result or {}).get("lost_steps_total"))
+    exporter = _num((result or {}).get("goodput"))
     tl = timeline(run.events)
-    g = goodput(run.events, redone)
+    g = goodput(run.events, redone, exporter)
     hm = heatmap(run.events)
     report = Report(out_dir=out, warnings=list(run.warnings))
     plots = {
-        "timeline.png": lambda p: plot_timeline(tl, name, p),
-        "step_time_heatmap.png": lambda p: plot_heatmap(hm, tl, name, p),
-        "recovery_phases.png": lambda p: plot_recovery_phases(tl, name, p),
-        "checkpoints.png": lambda p: plot_checkpoints(tl, result, name, p),
-        "goodput.png": lambda p: plot_goodput(g, name, p),
+        "timeline.png": lambda p: figures.plot_timeline(tl, name, p),
+        "step_time_heatmap.png": lambda p: figures.plot_heatmap(hm, tl, name, p),
+        "recovery_phases.png": lambda p: figures.plot_recovery_phases(tl, name, p),
+        "checkpoints.png": lambda p: figures.plot_checkpoints(tl, result, name, p),
+        "goodput.png": lambda p: figures.plot_goodput(g, name, p),
     }
     try:
-        for file, _caption in FIGURES:
+        for file, _caption in figures.FIGURES:
             report.files.append(plots[file](out / file))
-        page = render_html(name, result, g, tl, list(FIGURES), report.warnings)
+        page = render_html(name, result, g, tl, list(figures.FIGURES), report.warnings)
         index = out / "index.html"
         index.write_text(page, encoding="utf-8")
     except OSError as e:
@@ -1380,9 +783,3 @@ def _secs(v: float | None) -> str:
     if v is None:
         return "-"
     return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
-
-
-def _colormap(name: str, bad: str) -> Any:
-    import matplotlib
-
-    return matplotlib.colormaps[name].with_extremes(bad=bad)

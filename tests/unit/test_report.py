@@ -1,30 +1,35 @@
-"""orchestrator/report.py and `stalwart report`: the numbers behind the figures on small
-synthetic event lists, the files written for a real run's events (tests/unit/data/report_run,
-a trimmed run with two killed workers, a slowed rank and durable checkpoints), and the
-errors for unreadable run directories."""
+"""orchestrator/report.py, orchestrator/report_figures.py and `stalwart report`: the numbers
+behind the figures on small synthetic event lists, the files written for a real run's events
+(tests/unit/data/report_run, a trimmed run with two killed workers, a slowed rank and durable
+checkpoints), a synthetic 2,000-rank run, and the errors for unreadable run directories."""
 
 from __future__ import annotations
 
 import json
+import random
 import shutil
+import statistics
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from matplotlib.image import imread
 
 from orchestrator.cli import main
 from orchestrator.report import (
-    FIGURES,
     ReportError,
     build_report,
     goodput,
     heatmap,
     load_run,
+    median_of_others,
     median_step_time,
     redone_steps,
     timeline,
 )
+from orchestrator.report_figures import FIGURES
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -92,11 +97,35 @@ def test_goodput_splits_the_wall_time():
     assert g.recovering_s == pytest.approx(4.0)
     assert g.redone_s == pytest.approx(3.0)
     assert g.productive_s == pytest.approx(50.0 - 4.0 - 3.0)
-    assert g.goodput == pytest.approx(43.0 / 60.0)
+    assert g.whole_job == pytest.approx(43.0 / 60.0)
     # the exporter's view: since the first RUNNING
-    assert g.running_goodput == pytest.approx(43.0 / 50.0)
+    assert g.since_running == pytest.approx(43.0 / 50.0)
+    assert not g.from_exporter
     parts = g.startup_s + g.recovering_s + g.redone_s + g.productive_s
     assert parts == pytest.approx(g.wall_s)
+
+
+def test_goodput_follows_the_exporters_number_when_result_json_has_it():
+    # result.json's goodput is the exporter's productive / wall since RUNNING (50 s here):
+    # 0.9 -> 45 s productive; the redone time is what recovering (4 s) leaves: 1 s.
+    g = goodput(SYNTHETIC, redone=6, exporter=0.9)
+    assert g.from_exporter
+    assert g.since_running == 0.9
+    assert g.productive_s == pytest.approx(45.0)
+    assert g.redone_s == pytest.approx(1.0)
+    assert g.whole_job == pytest.approx(45.0 / 60.0)  # the same seconds over the whole wall
+    parts = g.startup_s + g.recovering_s + g.redone_s + g.productive_s
+    assert parts == pytest.approx(g.wall_s)
+    # No redone steps: the exporter's productive is the time not recovering (result.json's
+    # rounding to 4 digits does not show up as redone time)...
+    g = goodput(SYNTHETIC, redone=0, exporter=0.91996)
+    assert g.redone_s == 0.0
+    assert g.productive_s == pytest.approx(46.0)
+    assert g.since_running == 0.91996
+    # ... but a number that does not fit the events is drawn as it is, not hidden.
+    g = goodput(SYNTHETIC, redone=0, exporter=0.5)
+    assert g.productive_s == pytest.approx(25.0)
+    assert g.redone_s == pytest.approx(21.0)
 
 
 def test_redone_steps_are_estimated_from_the_events_without_result_json():
@@ -109,13 +138,15 @@ def test_redone_steps_are_estimated_from_the_events_without_result_json():
 def test_goodput_of_a_job_that_never_ran_or_has_no_states():
     never = [state(0.0, "PENDING", "SCHEDULING"), state(5.0, "SCHEDULING", "FAILED")]
     g = goodput(never)
-    assert g.goodput == 0.0
+    assert g.whole_job == 0.0
+    assert g.since_running is None
     assert g.startup_s == pytest.approx(5.0)
     assert g.productive_s == 0
     stateless = goodput([ev(0.0, "throughput", step=1, steps_per_s=1.0)])
     assert not stateless.known
-    assert stateless.goodput is None
-    assert goodput([]).goodput is None
+    assert stateless.whole_job is None
+    assert goodput([]).whole_job is None
+    assert goodput([], exporter=0.5).since_running is None
 
 
 def test_goodput_of_a_run_that_ends_while_recovering():
@@ -246,6 +277,8 @@ def test_heatmap_columns_follow_the_throughput_intervals():
     ]
     hm = heatmap(events)
     assert hm.ranks == [0, 1, 2]
+    assert hm.ranks_total == 3
+    assert not hm.partial  # the events do not say how many ranks the job has
     assert hm.edges == [0.0, 1.0, 2.0, 3.0, 4.0]
     nan = float("nan")
     expect = [[0.1, 0.1, nan, 0.2], [0.3, nan, nan, nan], [nan, nan, nan, 0.5]]
@@ -256,6 +289,62 @@ def test_heatmap_columns_follow_the_throughput_intervals():
     assert rel[0] == pytest.approx([0.1 / 0.3, nan, nan, 0.2 / 0.5], nan_ok=True)
     assert rel[1] == pytest.approx([3.0, nan, nan, nan], nan_ok=True)
     assert rel[2] == pytest.approx([nan, nan, nan, 2.5], nan_ok=True)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_median_of_others_is_the_leave_one_out_median(seed):
+    rng = random.Random(seed)
+    k = rng.randint(1, 12)
+    values = [rng.choice([0.1, 0.2, 0.3, rng.random()]) for _ in range(k)]  # with ties
+    want = [
+        statistics.median(values[:i] + values[i + 1 :]) if k > 1 else float("nan") for i in range(k)
+    ]
+    assert median_of_others(np.array(values)) == pytest.approx(want, nan_ok=True)
+
+
+def test_heatmap_of_intervals_holding_only_some_ranks():
+    # A job of more than 64 ranks logs the slowest 64 of each interval (here: 3 of 10) and
+    # the job's rank count; the rank sets differ between intervals.
+    events = [
+        ev(0.0, "state", new="RUNNING"),
+        ev(1.0, "throughput", rank_compute_s={"2": 0.3, "5": 0.2, "9": 0.2}, ranks_total=10),
+        ev(2.0, "throughput", rank_compute_s={"2": 0.6, "7": 0.2, "5": 0.2}, ranks_total=10),
+        ev(3.0, "throughput", rank_compute_s={}, ranks_total=10),
+    ]
+    hm = heatmap(events)
+    assert hm.ranks == [2, 5, 7, 9]
+    assert hm.ranks_total == 10
+    assert hm.partial
+    nan = float("nan")
+    assert hm.values[hm.ranks.index(7)] == pytest.approx([nan, 0.2, nan], nan_ok=True)
+    assert hm.values[hm.ranks.index(9)] == pytest.approx([0.2, nan, nan], nan_ok=True)
+    rel = hm.relative()  # compared with the ranks the interval holds
+    assert rel[hm.ranks.index(2)] == pytest.approx([1.5, 3.0, nan], nan_ok=True)
+    assert rel[hm.ranks.index(7)] == pytest.approx([nan, 0.2 / 0.4, nan], nan_ok=True)
+    # the rows asked for, in that order (the figure draws a subset)
+    want = np.array([[0.2, nan, nan], [0.3, 0.6, nan]])
+    assert hm.matrix([9, 2]) == pytest.approx(want, nan_ok=True)
+    assert hm.relative([7]) == pytest.approx(np.array([[nan, 0.5, nan]]), nan_ok=True)
+
+
+def test_heatmap_slowest_ranks_are_the_sustained_stragglers():
+    rng = random.Random(1)
+    columns = []
+    for c in range(20):
+        times = {r: 0.1 * rng.uniform(0.95, 1.05) for r in range(100)}
+        if 5 <= c < 12:
+            times[37] *= 2.0  # slow for seven intervals
+        if c == 3:
+            times[80] *= 5.0  # one odd interval: not a straggler
+        times[64] *= 1.3  # a little slow all along
+        columns.append({str(r): t for r, t in times.items()})
+    events = [ev(float(c + 1), "throughput", rank_compute_s=v) for c, v in enumerate(columns)]
+    hm = heatmap(events)
+    assert hm.slowest(1) == [37]
+    assert hm.slowest(2) == [37, 64]
+    three = hm.slowest(3)
+    assert {37, 64} < set(three) and three == sorted(three)
+    assert hm.slowest(500) == list(range(100))
 
 
 # --- reading the run dir ----------------------------------------------------------------------
@@ -296,6 +385,27 @@ def test_unreadable_result_json_is_an_error(tmp_path):
     (tmp_path / "result.json").write_text("{truncated")
     with pytest.raises(ReportError, match=r"result\.json: not valid JSON"):
         load_run(tmp_path)
+
+
+def test_files_that_cannot_be_read_are_errors_naming_file_and_reason(tmp_path, monkeypatch):
+    # (The tests run as root, where chmod 000 does not stop a read: a directory does.)
+    (tmp_path / "events.jsonl").mkdir()
+    with pytest.raises(ReportError, match=r"events\.jsonl: cannot read it \(Is a directory\)"):
+        load_run(tmp_path)
+    run = write_run(tmp_path / "run", SYNTHETIC)
+    (run / "result.json").mkdir()
+    with pytest.raises(ReportError, match=r"result\.json: cannot read it \(Is a directory\)"):
+        load_run(run)
+    (run / "result.json").rmdir()
+
+    def denied(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "open", denied)
+    with pytest.raises(
+        ReportError, match=r"run/events\.jsonl: cannot read it \(Permission denied\)"
+    ):
+        load_run(run)
 
 
 # --- the real run's report --------------------------------------------------------------------
@@ -352,7 +462,7 @@ def test_the_real_run_timeline(real_report):
     hm = heatmap(run.events)
     assert hm.ranks == [0, 1, 2, 3]
     g = goodput(run.events, run.result["lost_steps_total"])
-    assert 0 < g.goodput < 1
+    assert 0 < g.whole_job < g.since_running < 1
     assert g.wall_s == pytest.approx(run.result["wall_seconds"], abs=2.0)
 
 
@@ -378,6 +488,21 @@ def test_html_escapes_the_job_name_and_default_out_dir(tmp_path):
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
 
 
+def test_html_names_both_goodputs_and_takes_the_exporters_from_result_json(tmp_path, real_report):
+    page = (real_report.out_dir / "index.html").read_text()
+    assert "goodput, whole job (incl. start-up)" in page
+    assert "goodput since RUNNING (estimated)" in page  # this result.json has no goodput
+    run = tmp_path / "run"
+    shutil.copytree(DATA, run)
+    result = json.loads((run / "result.json").read_text())
+    result["goodput"] = 0.9123
+    (run / "result.json").write_text(json.dumps(result))
+    build_report(run)
+    page = (run / "report" / "index.html").read_text()
+    assert "goodput since RUNNING (the exporter&#x27;s)</th><td>91.2%: result.json" in page
+    assert "(estimated)" not in page
+
+
 def test_run_without_result_json_and_old_throughput_events(tmp_path):
     # Throughput events as runs wrote them before loss and rank_compute_s: still drawn.
     run = write_run(tmp_path / "old", SYNTHETIC)
@@ -388,6 +513,53 @@ def test_run_without_result_json_and_old_throughput_events(tmp_path):
     assert "no result.json: the run did not finish" in page
     for png in PNGS:
         assert (run / "report" / png).read_bytes()[:8] == PNG_SIGNATURE
+
+
+# --- a big job ---------------------------------------------------------------------------------
+
+
+def big_run(path: Path, ranks: int = 2000, intervals: int = 90, logged: int | None = None) -> Path:
+    """A synthetic run of `ranks` ranks: rank 1234 is 2.5x slow from interval 30 to 60, rank
+    7 1.6x slow all along. `logged`: each throughput event holds only that many of the
+    slowest ranks, and ranks_total (as the supervisor logs a job of more than 64 ranks)."""
+    rng = random.Random(0)
+    events = [state(1000.0, "PENDING", "SCHEDULING"), state(1005.0, "SCHEDULING", "RUNNING")]
+    for c in range(intervals):
+        times = {r: 0.2 * rng.uniform(0.9, 1.1) for r in range(ranks)}
+        times[7] *= 1.6
+        if 30 <= c < 60:
+            times[1234] *= 2.5
+        if logged is not None:
+            times = dict(sorted(times.items(), key=lambda kv: kv[1])[-logged:])
+        extra = {"ranks_total": ranks} if logged is not None else {}
+        rank_times = {str(r): round(t, 6) for r, t in sorted(times.items())}
+        events.append(
+            ev(1006.0 + c, "throughput", step=4 * c, steps_per_s=4.0, rank_compute_s=rank_times)
+            | extra
+        )
+    events.append(ev(1036.0, "straggler", rank=1234, score=2.5))
+    events.append(state(1006.0 + intervals, "RUNNING", "SUCCEEDED"))
+    result = {"name": f"big{ranks}", "status": "succeeded", "goodput": 1.0}
+    return write_run(path, events, result)
+
+
+@pytest.mark.parametrize("logged", [None, 64], ids=["every_rank", "64_slowest_logged"])
+def test_a_2000_rank_run_draws_its_slowest_ranks_in_bounded_time_and_size(tmp_path, logged):
+    run = big_run(tmp_path / "big", logged=logged)
+    hm = heatmap(load_run(run).events)
+    assert hm.ranks_total == 2000
+    assert hm.partial == (logged is not None)
+    assert max(len(cells) for cells in hm.columns) == (logged or 2000)  # kept per column
+    assert {7, 1234} <= set(hm.slowest(64))
+    started = time.monotonic()
+    report = build_report(run)
+    assert time.monotonic() - started < 60
+    png = run / "report" / "step_time_heatmap.png"
+    assert png in report.files
+    assert png.stat().st_size < 1_500_000
+    height, width = imread(png).shape[:2]
+    assert 1000 <= height <= 2000  # 64 rank rows at most, not 0.5 in per rank
+    assert width <= 1600
 
 
 # --- the command --------------------------------------------------------------------------------
@@ -410,13 +582,15 @@ def test_cli_text_output_and_warnings(tmp_path):
     assert "warning: no result.json: the run did not finish" in r.stderr
 
 
-@pytest.mark.parametrize("case", ["missing_dir", "no_events", "garbage"])
+@pytest.mark.parametrize("case", ["missing_dir", "no_events", "garbage", "unreadable"])
 def test_cli_errors_exit_2(tmp_path, case):
     run = tmp_path / "run"
     if case != "missing_dir":
         run.mkdir()
     if case == "garbage":
         (run / "events.jsonl").write_text("[oops\n")
+    if case == "unreadable":
+        (run / "events.jsonl").mkdir()
     r = CliRunner().invoke(main, ["report", str(run)])
     assert r.exit_code == 2
     assert r.stderr.startswith("error: ")
