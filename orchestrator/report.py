@@ -474,6 +474,9 @@ class Heatmap:
     columns: list[dict[int, float]]
     ranks_total: int = 0
     partial: bool = False
+    # Per column: the median over all the job's ranks (the event's compute_median_s), or
+    # None; a partial column's ranks are compared with it.
+    medians: list[float | None] = field(default_factory=list)
     _ratios: list[dict[int, float]] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -498,13 +501,18 @@ class Heatmap:
     def ratios(self) -> list[dict[int, float]]:
         """Per column: rank -> its value over the median of the other ranks' in the column
         (the straggler score's measure: 1 is normal, 2 twice as slow); a rank without a peer
-        to compare with is left out. O(R log R) per column. A partial column compares the
-        ranks it holds (the slowest) with each other, which understates how slow they are."""
+        to compare with is left out. O(R log R) per column. A partial column (its job's
+        slowest ranks only) compares them with the median of all the job's ranks when the
+        event gives it, else with each other (which understates how slow they are)."""
         if self._ratios is None:
             self._ratios = []
-            for cells in self.columns:
+            for c, cells in enumerate(self.columns):
                 values = np.fromiter(cells.values(), float, len(cells))
-                peers = median_of_others(values)
+                median = self.medians[c] if c < len(self.medians) else None
+                if median and len(cells) < self.ranks_total:
+                    peers = np.full(len(cells), median)
+                else:
+                    peers = median_of_others(values)
                 self._ratios.append(
                     {
                         r: float(v / p)
@@ -563,7 +571,7 @@ def heatmap(events: list[Mapping[str, Any]]) -> Heatmap:
     if not events:
         return Heatmap([], [], [])
     t0 = job_start(events)
-    columns: list[tuple[float, float, dict[int, float]]] = []
+    columns: list[tuple[float, float, dict[int, float], float | None]] = []
     prev: float | None = None
     total = 0
     for e in events:
@@ -578,23 +586,26 @@ def heatmap(events: list[Mapping[str, Any]]) -> Heatmap:
                 if rank is not None and rank >= 0 and seconds is not None:
                     values[rank] = seconds
             begin = prev if prev is not None else t - 1.0
-            columns.append((begin, t, values))
+            columns.append((begin, t, values, _num(e.get("compute_median_s"))))
             total = max(total, _int(e.get("ranks_total")) or 0)
         prev = t
-    ranks = sorted({r for _, _, v in columns for r in v})
+    ranks = sorted({r for _, _, v, _ in columns for r in v})
     if not ranks:
         return Heatmap([], [], [])
     edges = [columns[0][0]]
     cells: list[dict[int, float]] = []
-    for begin, end, values in columns:
+    medians: list[float | None] = []
+    for begin, end, values, median in columns:
         if begin > edges[-1] + 1e-9:  # an interval without rank_compute_s: a blank column
             edges.append(begin)
             cells.append({})
+            medians.append(None)
         edges.append(end)
         cells.append(values)
+        medians.append(median)
     # Partial: the events give the job's rank count and no interval holds that many.
     partial = total > max(len(v) for v in cells)
-    return Heatmap(ranks, edges, cells, max(total, len(ranks)), partial)
+    return Heatmap(ranks, edges, cells, max(total, len(ranks)), partial, medians)
 
 
 # --- the page ---------------------------------------------------------------------------------

@@ -359,9 +359,14 @@ def plot_heatmap(hm: Heatmap, tl: Timeline, name: str, path: Path) -> Path:
         )
     if hm.partial:
         logged = max(len(cells) for cells in hm.columns)
+        against = (
+            "the whole job's median"
+            if any(m is not None for m in hm.medians)
+            else "each other (an older run: no job-wide median logged)"
+        )
         notes.append(
             f"each interval logs only its {logged} slowest of the {hm.ranks_total:,} ranks: grey "
-            "also means not among them, and the relative time compares them with each other"
+            f"also means not among them; the relative time compares them with {against}"
         )
     fig.suptitle(_tex(f"{name}: step time per rank"), fontsize=13, weight="bold")
     finite = data[np.isfinite(data)]

@@ -1517,10 +1517,12 @@ class JobSupervisor:
         in the interval, for at most RANK_TIMES_MAX ranks (the slowest: a 16,384-rank job
         would otherwise log a megabyte a second), and how many ranks there are."""
         times = self.monitor.rank_step_times(after_step, through_step)
+        median = round(statistics.median(times.values()), 6) if times else None
         if len(times) > RANK_TIMES_MAX:
             times = dict(sorted(times.items(), key=lambda kv: kv[1])[-RANK_TIMES_MAX:])
         return {
             "rank_compute_s": {str(r): t for r, t in sorted(times.items())},
+            "compute_median_s": median,  # over every rank: what the slowest compare with
             "ranks_total": len(self.workers),
         }
 

@@ -595,3 +595,34 @@ def test_cli_errors_exit_2(tmp_path, case):
     assert r.exit_code == 2
     assert r.stderr.startswith("error: ")
     assert r.stdout == ""
+
+
+def test_a_partial_column_compares_its_slowest_ranks_with_the_whole_jobs_median():
+    t0 = 1000.0
+    events = [
+        {"ts": t0, "type": "state", "old": "SCHEDULING", "new": "RUNNING"},
+        # 100 ranks, the 2 slowest logged; every rank's median is 0.1 s.
+        {
+            "ts": t0 + 1,
+            "type": "throughput",
+            "step": 10,
+            "steps_per_s": 5.0,
+            "rank_compute_s": {"7": 0.3, "9": 0.11},
+            "compute_median_s": 0.1,
+            "ranks_total": 100,
+        },
+        # An older event without the median: the logged ranks compare with each other.
+        {
+            "ts": t0 + 2,
+            "type": "throughput",
+            "step": 15,
+            "steps_per_s": 5.0,
+            "rank_compute_s": {"7": 0.3, "9": 0.1},
+            "ranks_total": 100,
+        },
+    ]
+    hm = heatmap(events)
+    assert hm.partial and hm.ranks_total == 100
+    first, second = hm.ratios()
+    assert first == pytest.approx({7: 3.0, 9: 1.1})
+    assert second == pytest.approx({7: 3.0, 9: 1 / 3})
