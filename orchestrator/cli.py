@@ -168,6 +168,20 @@ def run(
     sys.exit({"succeeded": 0, "cancelled": EXIT_CANCELLED}.get(result["status"], EXIT_FAILED))
 
 
+def _supervisor(address: str, job: str, err: Console):
+    """Running job `job`'s supervisor on the cluster at `address` (Ray stays connected:
+    the caller shuts it down), or exit 2 with the reason."""
+    from rich.markup import escape
+
+    from orchestrator.driver import ClusterUnreachable, find_supervisor
+
+    try:
+        return find_supervisor(address, job)
+    except (ClusterUnreachable, LookupError) as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_USAGE)
+
+
 @main.command()
 @click.argument("job")
 @click.option(
@@ -218,13 +232,7 @@ def status(job: str, address: str, fmt: str, watch: bool) -> None:
             print_summary(console, result)
         return
 
-    from orchestrator.driver import ClusterUnreachable, find_supervisor
-
-    try:
-        supervisor = find_supervisor(address, job)
-    except (ClusterUnreachable, LookupError) as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
-        sys.exit(EXIT_USAGE)
+    supervisor = _supervisor(address, job, err)
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -299,14 +307,8 @@ def report(run_dir: str, output: str | None, fmt: str) -> None:
 )
 def uncordon(node: str, job: str, address: str) -> None:
     """Let NODE (a Ray node id, or a unique prefix) take ranks of JOB again."""
-    from orchestrator.driver import ClusterUnreachable, find_supervisor
-
     err = Console(stderr=True)
-    try:
-        supervisor = find_supervisor(address, job)
-    except (ClusterUnreachable, LookupError) as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        sys.exit(EXIT_USAGE)
+    supervisor = _supervisor(address, job, err)
     import ray
 
     try:

@@ -317,6 +317,11 @@ def plot_timeline(tl: Timeline, name: str, path: Path) -> Path:
         levels=3,
     )
     handles = _event_handles(tl)
+    _legend_below(fig, handles)
+    return _save(fig, path)
+
+
+def _legend_below(fig: Figure, handles: list[Any]) -> None:
     fig.legend(
         handles=handles,
         loc="outside lower center",
@@ -324,7 +329,6 @@ def plot_timeline(tl: Timeline, name: str, path: Path) -> Path:
         fontsize=8,
         frameon=False,
     )
-    return _save(fig, path)
 
 
 def plot_heatmap(hm: Heatmap, tl: Timeline, name: str, path: Path) -> Path:
@@ -640,13 +644,7 @@ def plot_checkpoints(tl: Timeline, result: Mapping[str, Any] | None, name: str, 
     ax_lag.set_xlim(*xlim)
     ax_lag.grid(alpha=0.3)
     handles = _event_handles(tl, checkpoints=False)
-    fig.legend(
-        handles=handles,
-        loc="outside lower center",
-        ncol=max(1, min(4, len(handles))),
-        fontsize=8,
-        frameon=False,
-    )
+    _legend_below(fig, handles)
     return _save(fig, path)
 
 
