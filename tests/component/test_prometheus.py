@@ -187,6 +187,8 @@ def test_real_prometheus_sees_a_lost_node_a_fatal_xid_and_a_straggler(
         timeout_s=120,
     )
     assert {p["metric"]["rank"] for p in pending} == {"3"}, pending
+    # The detector's own flag (two slow windows spanning 3 s) follows the score.
+    prometheus.wait_for(f"stalwart_stragglers_flagged_total{{{c}}} >= 1", timeout_s=120)
     prometheus.wait_for(
         f'stalwart_checkpoint_duration_seconds_count{{{c},tier="peer"}} > 0', timeout_s=30
     )
@@ -195,7 +197,8 @@ def test_real_prometheus_sees_a_lost_node_a_fatal_xid_and_a_straggler(
     result = box["result"]
     assert result["status"] == "cancelled", result["error"]
     assert {f["kind"] for f in result["failures"]} >= {"node_lost", "gpu_fatal"}
-    assert [s["rank"] for s in result["stragglers"]] == [3], result["stragglers"]
+    # Flagged, and again after a calm spell if it recurs: only ever rank 3.
+    assert {s["rank"] for s in result["stragglers"]} == {3}, result["stragglers"]
     window = "[5m]"
     for promql in (
         f"max_over_time(stalwart_stragglers_flagged_total{{{c}}}{window}) >= 1",
