@@ -58,7 +58,8 @@ RAY_NODES_CHECK_S = 1.0  # how often Ray's node table is read
 FINAL_REPLICATION_S = 10.0  # a finished job waits this long for its last step's copies
 FINAL_PERSIST_TIMEOUT_S = 300.0  # a finished job waits this long for its last checkpoint
 AGENT_PREFIX = "stalwart-agent-"
-METRICS_REFRESH_S = 0.5  # the exporter's values are at most this old (plus a poll)
+METRICS_REFRESH_S = 0.5  # the exporter's values are at most this old (plus a poll)...
+METRICS_DUTY = 0.1  # ...unless refreshing them would take more of the supervisor's time
 REPLICATE_PER_S = 4.0  # copies to peers at most this often (thinned to a grid of steps)
 REPLICATION_ALIGN_S = 1.0  # no commit for this long: name the step every agent sends
 REPLICATION_STALL_S = 30.0  # no commit for this long: an event says so (again every 30 s)
@@ -98,6 +99,7 @@ class JobSupervisor:
         self.events.subscribe(self.metrics.on_event)
         self.metrics_url: str | None = None
         self._metrics_at = 0.0  # when the metrics were last refreshed
+        self._metrics_cost = 0.0  # seconds the last refresh took
         self.sm = StateMachine()
         self.sm.add_hook(self._on_transition)
         self._lock = threading.Lock()
@@ -996,7 +998,11 @@ class JobSupervisor:
             self._handle_failures()
         elif len(self.finished) == len(self.workers) and not self.futures:
             self._finish()
-        if time.time() - self._metrics_at >= METRICS_REFRESH_S:
+        # At 16,384 ranks a refresh costs ~0.3 s: spacing refreshes by 1/METRICS_DUTY of
+        # their cost keeps the exporter from taking the control loop's time.
+        if time.time() - self._metrics_at >= max(
+            METRICS_REFRESH_S, self._metrics_cost / METRICS_DUTY
+        ):
             self._refresh_metrics()
 
     # --- metrics ------------------------------------------------------------------------------
@@ -1019,6 +1025,7 @@ class JobSupervisor:
 
     def _refresh_metrics(self) -> None:
         self._metrics_at = now = time.time()
+        started = time.perf_counter()
         progress = self.progress()
         with self._lock:
             beats = {
@@ -1037,6 +1044,7 @@ class JobSupervisor:
             dict(self.replication),
             1 / self._steady_rate if self._steady_rate else None,
         )
+        self._metrics_cost = time.perf_counter() - started
 
     def _collect(self, ref: Any) -> WorkerFailure | None:
         rank = self.futures.pop(ref)
