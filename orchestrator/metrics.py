@@ -357,6 +357,7 @@ class JobMetrics:
         self._started: float | None = None  # first RUNNING
         self._recovering_since: float | None = None
         self._recovering_s = 0.0  # closed recoveries' downtime
+        self._last_span = 0.0  # the newest closed RECOVERING state's length
         self._ended: float | None = None
         self._committed: int | None = None
         self._gpus: set[tuple[str, int]] = set()  # (node, GPU) read so far
@@ -400,6 +401,11 @@ class JobMetrics:
                     self._("stalwart_recoveries_total", "gave_up").inc()
             elif kind == "recovered":
                 self._("stalwart_recoveries_total", "recovered").inc()
+                # Down from the failure to the first step after the restore: longer than the
+                # RECOVERING state (detection before it, restore and first step after it).
+                longest = max(e.get("recovered_after_s") or (0.0,))
+                self._recovering_s += max(0.0, longest - self._last_span)
+                self._last_span = max(self._last_span, longest)
                 for seconds in e.get("recovered_after_s", ()):
                     self._("stalwart_recovery_duration_seconds").observe(seconds)
                 phase = "stalwart_recovery_phase_duration_seconds"
@@ -453,12 +459,15 @@ class JobMetrics:
         if state == "RECOVERING" and self._recovering_since is None:
             self._recovering_since = at
         elif state != "RECOVERING" and self._recovering_since is not None:
-            self._recovering_s += at - self._recovering_since
+            self._last_span = at - self._recovering_since
+            self._recovering_s += self._last_span
             self._recovering_since = None
 
     def _goodput(self, now: float, redone_s: float) -> tuple[float, float]:
         """(wall, productive) seconds since the job first ran: productive leaves out the
-        time spent recovering and the time of steps that had to be trained again."""
+        time spent recovering (each recovery from its failure to the first step after the
+        restore, as its `recovered` event measures it, or its RECOVERING state while it
+        lasts) and the time of steps that had to be trained again."""
         if self._started is None:
             return 0.0, 0.0
         end = self._ended if self._ended is not None else now

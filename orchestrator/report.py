@@ -403,7 +403,8 @@ def goodput(
     events: list[Mapping[str, Any]], redone: int | None = None, exporter: float | None = None
 ) -> Goodput:
     """Split the job's wall time (its first event to its end state, or to the last event):
-    start-up = before the first RUNNING, recovering = in state RECOVERING, redone = the
+    start-up = before the first RUNNING, recovering = each recovery from its failure to the
+    first step after the restore (at least its RECOVERING state), redone = the
     steps trained again, productive = the rest. With `exporter` (result.json's goodput, as
     orchestrator/metrics.py counted it) productive = `exporter` x the time since RUNNING and
     redone what is left; without, redone = `redone` steps (default: estimated from the
@@ -415,15 +416,27 @@ def goodput(
     first_running = None
     recovering = 0.0
     since = None
+    last_span = 0.0  # the newest closed RECOVERING span
     states = [e for e in events if e["type"] == "state"]
-    for e in states:
+    for e in events:
+        if e["type"] == "recovered":
+            # As the exporter counts it: a recovery lasts from the failure to the first step
+            # after the restore, longer than its RECOVERING state (detection before it, the
+            # restore and first step after it).
+            longest = max((_num(x) or 0.0 for x in _list(e.get("recovered_after_s"))), default=0)
+            recovering += max(0.0, longest - last_span)
+            last_span = max(last_span, longest)
+            continue
+        if e["type"] != "state":
+            continue
         new = e.get("new")
         if new == "RUNNING" and first_running is None:
             first_running = e["ts"]
         if new == "RECOVERING" and since is None:
             since = e["ts"]
         elif new != "RECOVERING" and since is not None:
-            recovering += e["ts"] - since
+            last_span = e["ts"] - since
+            recovering += last_span
             since = None
         if new in TERMINAL:
             end = e["ts"]

@@ -678,7 +678,7 @@ def plot_goodput(g: Goodput, name: str, path: Path) -> Path:
         redone = f"redone steps ({g.redone_steps} x median step {step})"
     parts = [
         ("productive", g.productive_s, "#2ca02c"),
-        ("recovering (state RECOVERING)", g.recovering_s, "#d62728"),
+        ("recovering (failure to first step after restore)", g.recovering_s, "#d62728"),
         (redone, g.redone_s, "#ff7f0e"),
         ("start-up (before RUNNING)", g.startup_s, "#aaaaaa"),
     ]

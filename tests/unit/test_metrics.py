@@ -198,6 +198,23 @@ def test_goodput_counters_never_run_ahead_of_each_other_or_backwards():
     assert m.goodput == pytest.approx(112.5 / 120)
 
 
+def test_a_recovery_counts_from_its_failure_to_its_first_step_not_only_its_state():
+    m = JobMetrics(JOB)
+    m.on_event({"type": "state", "ts": 1000.0, "old": "SCHEDULING", "new": "RUNNING"})
+    m.on_event({"type": "state", "ts": 1040.0, "old": "RUNNING", "new": "RECOVERING"})
+    m.on_event({"type": "state", "ts": 1042.0, "old": "RECOVERING", "new": "RUNNING"})
+    # Detected 0.5 s after the failure, the first step 1.5 s after RUNNING: 4 s down.
+    m.on_event({"type": "recovered", "ts": 1043.5, "recovered_after_s": [4.0, 3.5]})
+    m.refresh(_progress(), {}, {}, 1100.0, 3, 0, {}, 1.0)
+    assert value(m, "stalwart_productive_seconds_total") == pytest.approx(96.0)
+    # A recovery shorter than its state (not measured from an injected fault) takes the state.
+    m.on_event({"type": "state", "ts": 1100.0, "old": "RUNNING", "new": "RECOVERING"})
+    m.on_event({"type": "state", "ts": 1110.0, "old": "RECOVERING", "new": "RUNNING"})
+    m.on_event({"type": "recovered", "ts": 1111.0, "recovered_after_s": [1.0]})
+    m.refresh(_progress(), {}, {}, 1200.0, 3, 0, {}, 1.0)
+    assert value(m, "stalwart_productive_seconds_total") == pytest.approx(200.0 - 4.0 - 10.0)
+
+
 def test_goodput_leaves_out_recovery_and_redone_steps():
     m = JobMetrics(JOB)
     m.on_event({"type": "state", "ts": 1000.0, "old": "SCHEDULING", "new": "RUNNING"})
