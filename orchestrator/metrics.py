@@ -38,6 +38,7 @@ from orchestrator.state import JobState
 log = logging.getLogger(__name__)
 
 JOB_STATES = tuple(s.value for s in JobState)
+TERMINAL_STATES = tuple(s.value for s in JobState if s.terminal)
 RECOVERY_OUTCOMES = ("recovered", "gave_up")
 GPU_GAUGES = (
     "stalwart_gpu_temperature_celsius",
@@ -250,6 +251,49 @@ DEFINITIONS: tuple[MetricDef, ...] = (
 )
 
 
+class Downtime:
+    """A job's time accounts, fed its `state` and `recovered` events in order: when it first
+    ran, when it ended, and its seconds down recovering. A recovery is down from its failure
+    to the first step after the restore (its `recovered` event's longest recovered_after_s:
+    detection before the RECOVERING state, restore and first step after it), or for its
+    RECOVERING state when that is longer or has not ended. The exporter's goodput and the
+    report's (orchestrator/report.py) both count with it."""
+
+    def __init__(self) -> None:
+        self.first_running: float | None = None
+        self.ended: float | None = None
+        self._since: float | None = None  # an open RECOVERING state's start
+        self._closed = 0.0  # the ended recoveries' seconds down
+        self._last_span = 0.0  # the newest ended RECOVERING state's length
+
+    def feed(self, e: Mapping[str, Any]) -> None:
+        if e["type"] == "state":
+            self._state(e.get("new"), e["ts"])
+        elif e["type"] == "recovered":
+            values = e.get("recovered_after_s")
+            values = values if isinstance(values, list | tuple) else ()
+            measured = [x for x in values if isinstance(x, int | float)]
+            longest = max(measured, default=0.0)
+            self._closed += max(0.0, longest - self._last_span)
+            self._last_span = max(self._last_span, longest)
+
+    def _state(self, new: Any, at: float) -> None:
+        if new == "RUNNING" and self.first_running is None:
+            self.first_running = at
+        if new == "RECOVERING" and self._since is None:
+            self._since = at
+        elif new != "RECOVERING" and self._since is not None:
+            self._last_span = at - self._since
+            self._closed += self._last_span
+            self._since = None
+        if new in TERMINAL_STATES and self.ended is None:
+            self.ended = at
+
+    def down(self, until: float) -> float:
+        """Seconds down recovering up to `until` (an open recovery counts up to it)."""
+        return self._closed + (until - self._since if self._since is not None else 0.0)
+
+
 class BatchHistogram:
     """A histogram family kept as bucket counts in numpy arrays, exported as Prometheus's
     histogram type (`_bucket`, `_sum`, `_count`). Unlike prometheus-client's Histogram, a
@@ -354,11 +398,7 @@ class JobMetrics:
         self._mean_marks: dict[tuple[str, str, Any], tuple[int, float]] = {}
         self._ranks: set[tuple[str, ...]] = set()
         self._seen_steps: dict[int, int] = {}  # rank -> newest step observed in the histogram
-        self._started: float | None = None  # first RUNNING
-        self._recovering_since: float | None = None
-        self._recovering_s = 0.0  # closed recoveries' downtime
-        self._last_span = 0.0  # the newest closed RECOVERING state's length
-        self._ended: float | None = None
+        self._downtime = Downtime()
         self._committed: int | None = None
         self._gpus: set[tuple[str, int]] = set()  # (node, GPU) read so far
         self.goodput: float | None = None  # productive / wall seconds, as of the last refresh
@@ -393,19 +433,13 @@ class JobMetrics:
         """Count what one job event says (called for every event, in order)."""
         with self._lock:
             kind = e["type"]
+            self._downtime.feed(e)
             if kind == "state":
-                self.set_state(e["new"], at=e["ts"])
-                if e["new"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                    self._ended = e["ts"]
+                self.set_state(e["new"])
                 if e["new"] == "FAILED" and e.get("old") == "RECOVERING":
                     self._("stalwart_recoveries_total", "gave_up").inc()
             elif kind == "recovered":
                 self._("stalwart_recoveries_total", "recovered").inc()
-                # Down from the failure to the first step after the restore: longer than the
-                # RECOVERING state (detection before it, restore and first step after it).
-                longest = max(e.get("recovered_after_s") or (0.0,))
-                self._recovering_s += max(0.0, longest - self._last_span)
-                self._last_span = max(self._last_span, longest)
                 for seconds in e.get("recovered_after_s", ()):
                     self._("stalwart_recovery_duration_seconds").observe(seconds)
                 phase = "stalwart_recovery_phase_duration_seconds"
@@ -449,33 +483,21 @@ class JobMetrics:
             for kind in kinds:
                 self._("stalwart_failures_total", kind).inc()
 
-    def set_state(self, state: str, at: float | None = None) -> None:
+    def set_state(self, state: str) -> None:
         for s in JOB_STATES:
             self._("stalwart_job_state", s).set(1 if s == state else 0)
-        if at is None:
-            return
-        if state == "RUNNING" and self._started is None:
-            self._started = at
-        if state == "RECOVERING" and self._recovering_since is None:
-            self._recovering_since = at
-        elif state != "RECOVERING" and self._recovering_since is not None:
-            self._last_span = at - self._recovering_since
-            self._recovering_s += self._last_span
-            self._recovering_since = None
 
     def _goodput(self, now: float, redone_s: float) -> tuple[float, float]:
         """(wall, productive) seconds since the job first ran: productive leaves out the
         time spent recovering (each recovery from its failure to the first step after the
         restore, as its `recovered` event measures it, or its RECOVERING state while it
         lasts) and the time of steps that had to be trained again."""
-        if self._started is None:
+        acct = self._downtime
+        if acct.first_running is None:
             return 0.0, 0.0
-        end = self._ended if self._ended is not None else now
-        wall = max(0.0, end - self._started)
-        down = self._recovering_s
-        if self._recovering_since is not None:
-            down += end - self._recovering_since
-        return wall, max(0.0, wall - down - redone_s)
+        end = acct.ended if acct.ended is not None else now
+        wall = max(0.0, end - acct.first_running)
+        return wall, max(0.0, wall - acct.down(end) - redone_s)
 
     # --- the supervisor's view ----------------------------------------------------------------
 

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+from orchestrator.metrics import TERMINAL_STATES, Downtime
+
 PHASES = ("detect", "decide", "abort", "replace", "rendezvous", "reenter", "restore", "first_step")
 
 
@@ -249,7 +250,7 @@ def timeline(events: list[Mapping[str, Any]]) -> Timeline:
             new = e.get("new")
             if new == "RUNNING" and tl.first_running is None:
                 tl.first_running = t
-            if new in TERMINAL:
+            if new in TERMINAL_STATES:
                 tl.end = t
                 if current is not None:
                     close(t, "gave up" if new == "FAILED" else str(new).lower())
@@ -413,36 +414,15 @@ def goodput(
         return Goodput(0, 0, 0, 0, 0, 0, None, None, None, exporter, known=False)
     start = job_start(events)
     end = max(e["ts"] for e in events)
-    first_running = None
-    recovering = 0.0
-    since = None
-    last_span = 0.0  # the newest closed RECOVERING span
-    states = [e for e in events if e["type"] == "state"]
+    acct = Downtime()  # the exporter's accounts (orchestrator/metrics.py)
     for e in events:
-        if e["type"] == "recovered":
-            # As the exporter counts it: a recovery lasts from the failure to the first step
-            # after the restore, longer than its RECOVERING state (detection before it, the
-            # restore and first step after it).
-            longest = max((_num(x) or 0.0 for x in _list(e.get("recovered_after_s"))), default=0)
-            recovering += max(0.0, longest - last_span)
-            last_span = max(last_span, longest)
-            continue
-        if e["type"] != "state":
-            continue
-        new = e.get("new")
-        if new == "RUNNING" and first_running is None:
-            first_running = e["ts"]
-        if new == "RECOVERING" and since is None:
-            since = e["ts"]
-        elif new != "RECOVERING" and since is not None:
-            last_span = e["ts"] - since
-            recovering += last_span
-            since = None
-        if new in TERMINAL:
-            end = e["ts"]
+        acct.feed(e)
+        if acct.ended is not None:
+            end = acct.ended
             break
-    if since is not None:
-        recovering += end - since
+    first_running = acct.first_running
+    recovering = acct.down(end)
+    states = [e for e in events if e["type"] == "state"]
     wall = max(0.0, end - start)
     step_time = median_step_time(events)
     steps = redone_steps(events) if redone is None else max(0, int(redone))
