@@ -17,20 +17,7 @@ from rich.console import Console
 from rich.text import Text
 
 from dashboards.provision import DEFAULT_TIMEOUT_S, FOLDER
-
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-
-
-def _format_option(help_json: str):
-    return click.option(
-        "-o",
-        "--output-format",
-        "fmt",
-        type=click.Choice(["text", "json"]),
-        default="text",
-        help=help_json,
-    )
+from orchestrator.cli_conventions import EXIT_FAILED, EXIT_USAGE, format_option
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -60,7 +47,7 @@ def dashboards() -> None:
     help="where Grafana reads DIR's JSON files, when not at DIR's absolute path here "
     "(a container mount, another host); written into the provisioning file",
 )
-@_format_option("json: print what was written as JSON")
+@format_option("json: print what was written as JSON")
 def export_command(directory: str, folder: str, grafana_path: str | None, fmt: str) -> None:
     """Write the four dashboards' JSON and a Grafana file-provisioning YAML
     (stalwart-dashboards.yaml, a file provider for DIR) into DIR."""
@@ -118,7 +105,7 @@ def export_command(directory: str, folder: str, grafana_path: str | None, fmt: s
     show_default=True,
     help="seconds to wait for each Grafana answer",
 )
-@_format_option("json: print what was pushed as JSON")
+@format_option("json: print what was pushed as JSON")
 def push_command(
     grafana_url: str | None,
     token_file: str | None,

@@ -10,11 +10,14 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from orchestrator.cli_conventions import (
+    EXIT_CANCELLED,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    format_option,
+)
 from orchestrator.spec import SpecError, json_schema, load_spec
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_CANCELLED = 130
 STATUS_WATCH_S = 1.0  # how often `stalwart status --watch` asks
 
 
@@ -43,21 +46,10 @@ _set_option = click.option(
 )
 
 
-def _format_option(help_json: str):
-    return click.option(
-        "-o",
-        "--output-format",
-        "fmt",
-        type=click.Choice(["text", "json"]),
-        default="text",
-        help=help_json,
-    )
-
-
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @_set_option
-@_format_option("json: print the validated spec")
+@format_option("json: print the validated spec")
 def validate(file: str, overrides: tuple[str, ...], fmt: str) -> None:
     """Validate a job spec; exit 2 listing every error with its field path."""
     console = Console(stderr=True)
@@ -96,7 +88,7 @@ def _resume_value(value: str) -> str:
     default=None,
     help="run directory for result.json and events.jsonl (default runs/NAME-TIME)",
 )
-@_format_option("json: print result.json to stdout")
+@format_option("json: print result.json to stdout")
 @click.option("--num-cpus", type=int, default=None, help="logical CPUs of the embedded Ray")
 @click.option(
     "--resume",
@@ -191,7 +183,7 @@ def _supervisor(address: str, job: str, err: Console):
     show_default=True,
     help="the Ray cluster the job runs on (default: $RAY_ADDRESS, else the one on this machine)",
 )
-@_format_option("json: print the job's progress snapshot (or result.json) as JSON")
+@format_option("json: print the job's progress snapshot (or result.json) as JSON")
 @click.option(
     "-w",
     "--watch",
@@ -274,7 +266,7 @@ def status(job: str, address: str, fmt: str, watch: bool) -> None:
     default=None,
     help="where to write the figures and index.html (default RUN_DIR/report)",
 )
-@_format_option("json: print the written files as a JSON list")
+@format_option("json: print the written files as a JSON list")
 def report(run_dir: str, output: str | None, fmt: str) -> None:
     """Render PNG figures and an HTML page from RUN_DIR's events.jsonl and result.json."""
     from rich.markup import escape
