@@ -106,7 +106,7 @@ COMPUTE_SIGMA = 0.1  # lognormal noise on compute times
 CYCLE_SIGMA = 0.02  # lognormal noise on step cycle times
 SLOW_FACTOR = 3.0  # an injected straggler's compute times
 STEP_PHASE_S = 0.5  # the simulated steps' phase against the supervisor's polls
-RECENT_STEPS = 32  # as orchestrator/context.py (importing it would import torch)
+RECENT_STEPS = 32  # as orchestrator/worker/context.py (importing it would import torch)
 AGENT_HOP_S = 0.001  # worker -> agent: received_at = sent_at + this
 PID_BASE = 100_000
 PID_STRIDE = 1_000_000  # a replacement process's pid: old + this

@@ -5,7 +5,7 @@ rendered by prometheus-client), for jobs of N ranks on N/8 nodes with 8 GPUs eac
 
     python bench/metrics_cost.py [--sizes 64 1024 4096 16384] [--repeats 5]
 
-Real code: orchestrator/metrics.JobMetrics with its own registry, fed heartbeats in the shape
+Real code: orchestrator/observe/metrics.JobMetrics with its own registry, fed heartbeats in the shape
 of TrainWorker._beat (as the supervisor's `_refresh_metrics` passes them: the newest beat of
 each rank with its node, 16 new steps per rank since the last refresh, snapshot stats),
 replicator status per node and GPU readings per node (8 GPUs, as NodeAgent.report sends
@@ -22,7 +22,7 @@ import time
 
 from prometheus_client import generate_latest
 
-from orchestrator.metrics import JobMetrics
+from orchestrator.observe.metrics import JobMetrics
 
 GPUS_PER_NODE = 8
 

@@ -340,7 +340,7 @@ def _raytrain_loop(config: dict[str, Any]) -> None:
     from ray.train.torch import prepare_model
 
     from examples.gpt.model import GPT, GPTConfig
-    from orchestrator.context import seed_all  # the seeding stalwart's workers do
+    from orchestrator.worker.context import seed_all  # the seeding stalwart's workers do
 
     entered = time.time()
     torch.set_num_threads(1)
@@ -621,7 +621,7 @@ def _ddp_worker(
     from torch.nn.parallel import DistributedDataParallel
 
     from examples.gpt.model import GPT, GPTConfig
-    from orchestrator.context import seed_all  # the seeding stalwart's workers do
+    from orchestrator.worker.context import seed_all  # the seeding stalwart's workers do
 
     imported = time.time()
     torch.set_num_threads(1)

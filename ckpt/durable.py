@@ -50,7 +50,7 @@ import posixpath
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -299,6 +299,17 @@ class DurableStore:
         self._down_for = 0.0
 
     # -- paths and messages ---------------------------------------------------------------
+
+    @property
+    def target(self) -> dict[str, Any]:
+        """What another process (a node agent, a worker) needs to open this store again
+        (`open_store`): plain values, so it travels through Ray."""
+        return {
+            "uri": self.uri,
+            "job": self.job,
+            "retries": self.retries,
+            "backoff_s": self.backoff_s,
+        }
 
     def describe(self) -> str:
         return self._show(self.root)
@@ -667,3 +678,10 @@ def _meta(d: Any, size: int) -> TensorMeta:
     if d["offset"] + d["nbytes"] > size:
         raise ValueError(f"entry {d!r} reaches past the payload's {size} bytes")
     return TensorMeta(d["offset"], d["nbytes"], d["dtype"], tuple(d["shape"]), d["device"])
+
+
+def open_store(target: Mapping[str, Any]) -> DurableStore:
+    """The store `DurableStore.target` describes."""
+    return DurableStore(
+        target["uri"], target["job"], retries=target["retries"], backoff_s=target["backoff_s"]
+    )

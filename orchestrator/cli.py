@@ -115,8 +115,8 @@ def run(
         SupervisorLost,
         run_job,
     )
-    from orchestrator.entrypoint import EntrypointError, load_entrypoint
-    from orchestrator.progress import ProgressView, print_summary
+    from orchestrator.observe.progress import ProgressView, print_summary
+    from orchestrator.worker.entrypoint import EntrypointError, load_entrypoint
 
     err = Console(stderr=True)
     spec = _load(file, overrides, err)
@@ -195,7 +195,7 @@ def status(job: str, address: str, fmt: str, watch: bool) -> None:
     running job's name, or a run directory (its result.json: the job has ended)."""
     from rich.markup import escape
 
-    from orchestrator.progress import print_summary, status_line
+    from orchestrator.observe.progress import print_summary, status_line
 
     err = Console(stderr=True)
     console = Console()
@@ -271,7 +271,7 @@ def report(run_dir: str, output: str | None, fmt: str) -> None:
     """Render PNG figures and an HTML page from RUN_DIR's events.jsonl and result.json."""
     from rich.markup import escape
 
-    from orchestrator.report import ReportError, build_report
+    from orchestrator.observe.report import ReportError, build_report
 
     err = Console(stderr=True)
     try:
@@ -322,7 +322,7 @@ def uncordon(node: str, job: str, address: str) -> None:
         ray.shutdown()
 
 
-from dashboards.cli import dashboards as _dashboards  # noqa: E402
+from orchestrator.cli_dashboards import dashboards as _dashboards  # noqa: E402
 
 main.add_command(_dashboards)
 

@@ -1,5 +1,5 @@
 """What every `stalwart` subcommand shares, wherever it is defined (orchestrator/cli.py,
-dashboards/cli.py): exit codes and the `-o/--output-format` option."""
+orchestrator/cli_dashboards.py): exit codes and the `-o/--output-format` option."""
 
 from __future__ import annotations
 

@@ -25,22 +25,11 @@ from orchestrator.spec import PersistSpec
 FAILURE_COOLDOWN_S = 5.0  # after a failed attempt, the next one waits this long
 
 
-def target_of(spec: PersistSpec, job: str) -> dict[str, Any]:
-    """What an agent or a worker needs to open the same DurableStore."""
-    return {"uri": spec.uri, "job": job, "retries": spec.retries, "backoff_s": spec.backoff_s}
-
-
-def open_store(target: dict[str, Any]) -> DurableStore:
-    return DurableStore(
-        target["uri"], target["job"], retries=target["retries"], backoff_s=target["backoff_s"]
-    )
-
-
 class Persister:
     def __init__(self, spec: PersistSpec, job: str, emit: Callable[..., None]):
         self.spec = spec
-        self.target = target_of(spec, job)
-        self.store = open_store(self.target)
+        self.store = DurableStore(spec.uri, job, retries=spec.retries, backoff_s=spec.backoff_s)
+        self.target = self.store.target
         self._emit = emit
         self._lock = threading.Lock()
         self.last_step: int | None = None  # the newest step persisted by this run

@@ -28,6 +28,7 @@ from ray.util.scheduling_strategies import (
 
 from ckpt.commit import CommitTracker, with_copies
 from ckpt.durable import CorruptCheckpoint, DurableError, Manifest
+from ckpt.replicas import choose_stride
 from ckpt.replicas import effective as effective_copies
 from ckpt.replicas import groups as replica_groups
 from ckpt.replicas import peers as replica_peers
@@ -38,19 +39,18 @@ from health.observations import Budget, FailureKind, WorkerFailure
 from health.policy import NODE_CLASSES, Action, Decision, decide, per_rank
 from health.preflight import PreflightResult, judge_preflight
 from health.straggler import straggler_decision
-from orchestrator.agent import NodeAgent
+from orchestrator.agent.actor import NodeAgent
 from orchestrator.events import EventLog
-from orchestrator.metrics import JobMetrics
 from orchestrator.monitor import HealthMonitor
+from orchestrator.observe.metrics import JobMetrics
 from orchestrator.persist import Persister
 from orchestrator.poller import ReportPoller
-from orchestrator.preflight import pair_rounds
-from orchestrator.replication import choose_stride
 from orchestrator.resources import SchedulingError, check_capacity, worker_bundle
 from orchestrator.slots import Slots, SlotsUnavailable
 from orchestrator.spec import JobSpec
 from orchestrator.state import JobState, StateMachine, Transition
-from orchestrator.worker import TrainWorker
+from orchestrator.worker.actor import TrainWorker
+from orchestrator.worker.probes import pair_rounds
 
 log = logging.getLogger(__name__)
 
@@ -1008,7 +1008,7 @@ class JobSupervisor:
     # --- metrics ------------------------------------------------------------------------------
 
     def _start_exporter(self) -> None:
-        """Serve the job's metrics (orchestrator/metrics.py). A port that cannot be bound
+        """Serve the job's metrics (orchestrator/observe/metrics.py). A port that cannot be bound
         costs the metrics, not the job: an event says why."""
         m = self.spec.metrics
         try:
@@ -1214,7 +1214,7 @@ class JobSupervisor:
             self.agents[node].replicate.remote(newest)
 
     def _set_replication_stride(self, steps_per_s: float) -> None:
-        """Thin the copies to peers (orchestrator/replication.choose_stride): at most
+        """Thin the copies to peers (ckpt/replicas.choose_stride): at most
         REPLICATE_PER_S rounds a second, and each node's sender busy at most
         checkpoint.replication_duty of the time, by the cost of a round measured since the
         last call (the slowest node's). A lost node then redoes up to the stride's steps."""

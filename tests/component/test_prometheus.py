@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dashboards.definitions import ALL
-from orchestrator.report import build_report
+from orchestrator.observe.report import build_report
 from tests.component.conftest import HEAVIER, make_runner, small_spec
 from tests.component.prometheus import Prometheus, free_port
 

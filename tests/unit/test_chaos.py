@@ -1,4 +1,5 @@
-"""orchestrator/chaos.py: the process tree, the raylet check and fault dispatch (no killing)."""
+"""orchestrator/chaos/actions.py: the process tree, the raylet check and fault dispatch
+(no killing)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import TypeVar
 
 import pytest
 
-from orchestrator import chaos
-from orchestrator.chaos import carry_out, descendants, raylet_of_this_worker
+from orchestrator.chaos import actions as chaos
+from orchestrator.chaos.actions import carry_out, descendants, raylet_of_this_worker
 from orchestrator.spec import GpuXid, Slow
 
 T = TypeVar("T")

@@ -1,4 +1,4 @@
-"""orchestrator/context.py: RNG capture/apply, directly and through a snapshot."""
+"""orchestrator/worker/context.py: RNG capture/apply, directly and through a snapshot."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ckpt.snapshot import SnapshotBuffer, restore
-from orchestrator.context import apply_rng, capture_rng, seed_all
+from orchestrator.worker.context import apply_rng, capture_rng, seed_all
 
 
 @pytest.fixture(autouse=True)

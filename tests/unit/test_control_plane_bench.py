@@ -117,5 +117,5 @@ def test_goal_needs_every_part():
 
 
 def test_recent_steps_mirror_the_worker():
-    text = (REPO / "orchestrator" / "context.py").read_text()
+    text = (REPO / "orchestrator" / "worker" / "context.py").read_text()
     assert int(re.search(r"^RECENT_STEPS = (\d+)", text, re.M).group(1)) == cp.RECENT_STEPS

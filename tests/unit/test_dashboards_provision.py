@@ -1,4 +1,4 @@
-"""`stalwart dashboards export|push` (dashboards/provision.py, dashboards/cli.py).
+"""`stalwart dashboards export|push` (dashboards/provision.py, orchestrator/cli_dashboards.py).
 
 There is no Grafana here: `push` talks to a small fake on 127.0.0.1 that implements the
 endpoints grafana-client calls for it (GET /api/frontend/settings, GET /api/datasources,
@@ -24,7 +24,6 @@ import yaml
 from click.testing import CliRunner
 
 from dashboards import provision
-from dashboards.cli import dashboards as cli
 from dashboards.provision import (
     PROVISIONING_FILE,
     ConfigError,
@@ -34,6 +33,7 @@ from dashboards.provision import (
     push,
     read_token,
 )
+from orchestrator.cli_dashboards import dashboards as cli
 
 pytestmark = pytest.mark.timeout(30)
 

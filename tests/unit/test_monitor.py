@@ -388,7 +388,7 @@ def test_verdict_at_the_first_step_that_supports_it(clock):
 
 
 def test_verdict_at_the_first_supporting_step_when_one_beat_brings_many_steps(clock):
-    # A worker's beat carries up to 32 recent steps (orchestrator/context.py RECENT_STEPS),
+    # A worker's beat carries up to 32 recent steps (orchestrator/worker/context.py RECENT_STEPS),
     # more than one verdict's span (10 steps). Rank 1 is slow from step 0: steps 0..9 are
     # the first two windows that support the verdict, so it covers step 9.
     m = monitor()

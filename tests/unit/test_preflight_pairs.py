@@ -1,12 +1,12 @@
-"""orchestrator/preflight.py: all-reduce pair rounds and the CPU matmul timing."""
+"""orchestrator/worker/probes.py: all-reduce pair rounds and the CPU matmul timing."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from orchestrator import preflight
-from orchestrator.preflight import pair_rounds, time_matmul
+from orchestrator.worker import probes as preflight
+from orchestrator.worker.probes import pair_rounds, time_matmul
 
 CPU = torch.device("cpu")
 

@@ -1,4 +1,4 @@
-"""orchestrator/progress.py: event lines and the summary for the health events."""
+"""orchestrator/observe/progress.py: event lines and the summary for the health events."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from orchestrator.progress import ProgressView, _event_line, print_summary
+from orchestrator.observe.progress import ProgressView, _event_line, print_summary
 
 NODE = "a" * 56
 
@@ -75,7 +75,7 @@ def test_summary_lists_cordons_stragglers_and_resizes():
 
 
 def test_status_line_shows_rate_goodput_and_failures():
-    from orchestrator.progress import status_line
+    from orchestrator.observe.progress import status_line
 
     p = {
         "state": "RUNNING",

@@ -1,10 +1,10 @@
-"""orchestrator/replication.choose_stride: how far apart the copies to peers are."""
+"""ckpt/replicas.choose_stride: how far apart the copies to peers are."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.replication import choose_stride
+from ckpt.replicas import choose_stride
 
 
 def test_slow_steps_send_every_snapshot():

@@ -1,5 +1,5 @@
-"""orchestrator/report.py, orchestrator/report_figures.py and `stalwart report`: the numbers
-behind the figures on small synthetic event lists, the files written for a real run's events
+"""orchestrator/observe/report.py, orchestrator/observe/figures.py and `stalwart report`: the
+numbers behind the figures on small synthetic event lists, the files written for a real run's events
 (tests/unit/data/report_run, a trimmed run with two killed workers, a slowed rank and durable
 checkpoints), a synthetic 2,000-rank run, and the errors for unreadable run directories."""
 
@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from matplotlib.image import imread
 
 from orchestrator.cli import main
-from orchestrator.report import (
+from orchestrator.observe.figures import FIGURES
+from orchestrator.observe.report import (
     ReportError,
     build_report,
     goodput,
@@ -29,7 +30,6 @@ from orchestrator.report import (
     redone_steps,
     timeline,
 )
-from orchestrator.report_figures import FIGURES
 
 pytestmark = pytest.mark.timeout(120)
 

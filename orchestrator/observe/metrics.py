@@ -2,7 +2,7 @@
 
 `DEFINITIONS` is the one place where names, types, labels and help texts live: the exporter
 builds its metrics from it and docs/metrics.md is generated from it
-(``python -m orchestrator.metrics > docs/metrics.md``; a unit test keeps the file current).
+(``python -m orchestrator.observe.metrics > docs/metrics.md``; a unit test keeps the file current).
 
 Conventions: the ``stalwart_`` prefix, base units in names (seconds, bytes), ``_total`` on
 counters, a ``train_job`` label on every series (not ``job``: Prometheus sets ``job`` to
@@ -257,7 +257,7 @@ class Downtime:
     to the first step after the restore (its `recovered` event's longest recovered_after_s:
     detection before the RECOVERING state, restore and first step after it), or for its
     RECOVERING state when that is longer or has not ended. The exporter's goodput and the
-    report's (orchestrator/report.py) both count with it."""
+    report's (orchestrator/observe/report.py) both count with it."""
 
     def __init__(self) -> None:
         self.first_running: float | None = None
@@ -673,8 +673,9 @@ def render_docs() -> str:
     lines = [
         "# Metrics",
         "",
-        "Generated from `orchestrator/metrics.py` (`python -m orchestrator.metrics > "
-        "docs/metrics.md`); tests/unit/test_metrics.py fails when this file is stale.",
+        "Generated from `orchestrator/observe/metrics.py` "
+        "(`python -m orchestrator.observe.metrics > docs/metrics.md`); "
+        "tests/unit/test_metrics.py fails when this file is stale.",
         "",
         "The supervisor serves them at `http://METRICS_HOST:PORT/metrics` (`metrics.host`, "
         "default 127.0.0.1; `metrics.port`, 0 = a free port, printed at start and written to "

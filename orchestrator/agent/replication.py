@@ -13,7 +13,6 @@ counted and reported; the step then stays uncommitted.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import threading
 import time
@@ -24,38 +23,6 @@ import ray
 from ckpt.store import ShardStore
 
 SEND_TIMEOUT_S = 60.0
-
-
-def choose_stride(
-    steps_per_s: float,
-    every: int,
-    current: int,
-    max_per_s: float,
-    duty: float,
-    round_s: float | None = None,
-) -> tuple[int, str]:
-    """Steps apart of the copies sent to peers (a multiple of `every`, the snapshot interval)
-    and why. Copies are thinned so that (a) at most `max_per_s` rounds are sent a second and
-    (b) a node's sender is busy at most `duty` of the time, where `round_s` is the measured
-    time one round takes (the node's shards of one step to all its peers). The stride moves
-    only by a factor of 2 or more: measuring under a new stride must not make it flap."""
-    if steps_per_s <= 0:
-        return current, "no step rate measured"
-    snapshots_per_s = steps_per_s / every
-    k = max(1, math.ceil(snapshots_per_s / max_per_s))
-    why = f"at most {max_per_s:g} rounds/s at {steps_per_s:.2f} steps/s"
-    if round_s is not None:
-        by_cost = math.ceil(round_s * snapshots_per_s / duty - 1e-9)
-        if by_cost > k:
-            k = by_cost
-            why = (
-                f"a round of copies takes {round_s:.3f} s; at {steps_per_s:.2f} steps/s every "
-                f"{k * every} steps keeps the sender busy <= {duty:.0%} of the time"
-            )
-    cur = max(1, current // every)
-    if k != cur and (k >= 2 * cur or 2 * k <= cur):
-        return k * every, why
-    return current, why
 
 
 class Replicator:

@@ -1,5 +1,5 @@
 """The figures of `stalwart report` (matplotlib, Agg): one function per PNG, each drawing the
-numbers that orchestrator/report.py computes from a run's events. See docs/report.md for how
+numbers that orchestrator/observe/report.py computes from a run's events. See docs/report.md for how
 to read them."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator
 from matplotlib.transforms import blended_transform_factory
 
-from orchestrator.report import PHASES, Goodput, Heatmap, Timeline, _num, _secs
+from orchestrator.observe.report import PHASES, Goodput, Heatmap, Timeline, _num, _secs
 
 DPI = 110
 HEATMAP_ROWS = 64  # rank rows the heatmap draws at most: the most straggler-like when more

@@ -15,13 +15,12 @@ import threading
 import time
 from typing import Any
 
-from ckpt.durable import DurableStore
+from ckpt.durable import DurableStore, open_store
 from ckpt.snapshot import Snapshot
 from ckpt.store import MemoryShardStore, ShardInfo, ShmShardStore
 from health.gpu_probe import FakeGpuProbe, GpuProbe, make_probe
 from health.xid import GpuReading
-from orchestrator.persist import open_store
-from orchestrator.replication import Replicator
+from orchestrator.agent.replication import Replicator
 
 SHM_ROOT = "/dev/shm/stalwart"
 # An agent no supervisor has called for this long exits (a supervisor polls it several

@@ -5,7 +5,7 @@ has none) and writes the figures and index.html to RUN_DIR/report/ (or `out_dir`
 
 This module reads the run, computes the numbers behind the figures (`timeline`, `goodput`,
 `heatmap`: pure functions of the event list, tested on small synthetic lists), writes the
-page and puts it all together (`build_report`); orchestrator/report_figures.py draws the
+page and puts it all together (`build_report`); orchestrator/observe/figures.py draws the
 figures (matplotlib, imported only by `build_report`). Nothing here needs Ray or a running
 job. See docs/report.md for how to read the figures.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.metrics import TERMINAL_STATES, Downtime
+from orchestrator.observe.metrics import TERMINAL_STATES, Downtime
 
 PHASES = ("detect", "decide", "abort", "replace", "rendezvous", "reenter", "restore", "first_step")
 
@@ -407,14 +407,14 @@ def goodput(
     start-up = before the first RUNNING, recovering = each recovery from its failure to the
     first step after the restore (at least its RECOVERING state), redone = the
     steps trained again, productive = the rest. With `exporter` (result.json's goodput, as
-    orchestrator/metrics.py counted it) productive = `exporter` x the time since RUNNING and
+    orchestrator/observe/metrics.py counted it) productive = `exporter` x the time since RUNNING and
     redone what is left; without, redone = `redone` steps (default: estimated from the
     events) x the median step time."""
     if not events:
         return Goodput(0, 0, 0, 0, 0, 0, None, None, None, exporter, known=False)
     start = job_start(events)
     end = max(e["ts"] for e in events)
-    acct = Downtime()  # the exporter's accounts (orchestrator/metrics.py)
+    acct = Downtime()  # the exporter's accounts (orchestrator/observe/metrics.py)
     for e in events:
         acct.feed(e)
         if acct.ended is not None:
@@ -731,7 +731,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Repo
         raise ReportError(f"{out}: cannot create the report directory ({e})") from e
     result = run.result
     name = str((result or {}).get("name") or run.run_dir.name)
-    from orchestrator import report_figures as figures  # matplotlib: only to draw
+    from orchestrator.observe import figures  # matplotlib: only to draw
 
     redone = _int((result or {}).get("lost_steps_total"))
     exporter = _num((result or {}).get("goodput"))

@@ -28,7 +28,7 @@ import torch
 from ckpt.pipeline import SnapshotPipeline
 from ckpt.sharded import rank_local_view
 from ckpt.snapshot import Snapshot, restore, state_digest
-from orchestrator.collective import ElasticGroup, GroupAborted, make_ddp, solo_group
+from orchestrator.worker.collective import ElasticGroup, GroupAborted, make_ddp, solo_group
 
 RECENT_STEPS = 32
 

@@ -1,0 +1,1 @@
+"""What runs in a node agent: the node's shard stores' host, heartbeats, replication to peers."""

@@ -1,0 +1,1 @@
+"""Observability: the metrics exporter, progress lines, reading a run directory, the report."""
