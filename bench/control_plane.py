@@ -6,10 +6,10 @@
         [--profile-sizes 1024 2048 4096] [--ray-cost-nodes 2048]
         [--out bench/control_plane_results.json] [--quick]
 
-What runs for real: ``HealthMonitor`` and ``ReportPoller`` (orchestrator/monitor.py, poller.py)
-inside a Ray actor, ``BenchSupervisor``, driven the way ``JobSupervisor._tick`` drives them:
-every ``report_interval_s`` (1 s here) ``poller.poll(nodes)`` (one ``report`` call in flight per
-node, answers taken as they come), each report's beats fed to ``monitor.beat`` (after the same
+What runs for real: ``HealthMonitor`` and ``ReportPoller`` (orchestrator/supervisor/monitor.py,
+poller.py) inside a Ray actor, ``BenchSupervisor``, driven the way ``JobSupervisor._tick`` drives
+them: every ``report_interval_s`` (1 s here) ``poller.poll(nodes)`` (one ``report`` call in flight
+per node, answers taken as they come), each report's beats fed to ``monitor.beat`` (after the same
 pid and generation checks as ``_poll_agents``), then ``monitor.lost_nodes(now)``; a lost node is
 forgotten (``monitor.forget_node``, ``poller.forget``) and recovered; otherwise
 ``monitor.hang(now)`` and ``monitor.stragglers()`` run, as in ``_detect``.
@@ -93,9 +93,9 @@ if str(REPO) not in sys.path:
 
 import ray  # noqa: E402
 
-from orchestrator.monitor import HealthMonitor  # noqa: E402
-from orchestrator.poller import ReportPoller  # noqa: E402
 from orchestrator.spec import HealthSpec  # noqa: E402
+from orchestrator.supervisor.monitor import HealthMonitor  # noqa: E402
+from orchestrator.supervisor.poller import ReportPoller  # noqa: E402
 
 DEFAULT_OUT = REPO / "bench" / "control_plane_results.json"
 DEFAULT_SIZES = (1024, 4096, 16384)
@@ -1304,8 +1304,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # The code this benchmark runs (the supervisor's side); a change to any of these mid-run
 # means the sizes may have measured different code.
 MEASURED_CODE = (
-    "orchestrator/monitor.py",
-    "orchestrator/poller.py",
+    "orchestrator/supervisor/monitor.py",
+    "orchestrator/supervisor/poller.py",
     "orchestrator/spec.py",
     "health/liveness.py",
     "health/straggler.py",

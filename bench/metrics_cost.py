@@ -5,8 +5,8 @@ rendered by prometheus-client), for jobs of N ranks on N/8 nodes with 8 GPUs eac
 
     python bench/metrics_cost.py [--sizes 64 1024 4096 16384] [--repeats 5]
 
-Real code: orchestrator/observe/metrics.JobMetrics with its own registry, fed heartbeats in the shape
-of TrainWorker._beat (as the supervisor's `_refresh_metrics` passes them: the newest beat of
+Real code: orchestrator/observe/metrics.JobMetrics with its own registry, fed heartbeats in the
+shape of TrainWorker._beat (as the supervisor's `_refresh_metrics` passes them: the newest beat of
 each rank with its node, 16 new steps per rank since the last refresh, snapshot stats),
 replicator status per node and GPU readings per node (8 GPUs, as NodeAgent.report sends
 them). Nothing else runs: this is the exporter's own cost, single-threaded, on this machine.

@@ -123,7 +123,7 @@ def run_job(
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from orchestrator.supervisor import JobSupervisor
+    from orchestrator.supervisor.actor import JobSupervisor
 
     out = Path(opts.output)
     out.mkdir(parents=True, exist_ok=True)

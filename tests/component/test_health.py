@@ -238,7 +238,7 @@ def test_elastic_shrink_when_no_capacity_and_grow_back(multinode, tmp_path, mbas
     shrunk = _wait_for_event(out, "resized", timeout_s=120)
     assert (shrunk["old"], shrunk["new"]) == (4, 3)
     # The lost node's slot was given back: no placement group is left for Ray to re-place
-    # (which, with no room anywhere, keeps Ray's GCS busy; see orchestrator/slots.py).
+    # (which, with no room anywhere, keeps Ray's GCS busy; see orchestrator/supervisor/slots.py).
     from ray.util.placement_group import placement_group_table
 
     stuck = [

@@ -1,4 +1,5 @@
-"""orchestrator/monitor.py: HealthMonitor turns agent reports into observations for health/."""
+"""orchestrator/supervisor/monitor.py: HealthMonitor turns agent reports into observations for
+health/."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 from health.liveness import Hang
 from health.straggler import StragglerReport
 from health.xid import GpuReading, GpuVerdict
-from orchestrator.monitor import HealthMonitor
 from orchestrator.spec import HealthSpec, StragglerSpec
+from orchestrator.supervisor.monitor import HealthMonitor
 
 FAST_S = 0.02  # a healthy rank's compute seconds per step
 SLOW_S = 0.06  # a straggler's: 3x, well over threshold 2.0 and min_excess_s

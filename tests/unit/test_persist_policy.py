@@ -1,12 +1,12 @@
 """When the durable tier writes a step, and which steps the node stores must keep for it
-(orchestrator/persist.py; no Ray involved in these decisions)."""
+(orchestrator/supervisor/persist.py; no Ray involved in these decisions)."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.persist import Persister
 from orchestrator.spec import PersistSpec
+from orchestrator.supervisor.persist import Persister
 
 pytestmark = pytest.mark.timeout(60)
 

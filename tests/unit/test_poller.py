@@ -1,4 +1,5 @@
-"""orchestrator/poller.py: one report request per agent in flight, answers taken as they come."""
+"""orchestrator/supervisor/poller.py: one report request per agent in flight, answers taken as
+they come."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from orchestrator import poller as poller_module
-from orchestrator.monitor import HealthMonitor
-from orchestrator.poller import ReportPoller
 from orchestrator.spec import HealthSpec
+from orchestrator.supervisor import poller as poller_module
+from orchestrator.supervisor.monitor import HealthMonitor
+from orchestrator.supervisor.poller import ReportPoller
 
 TIMEOUT = 3.0  # health.heartbeat_timeout_s
 

@@ -1,11 +1,11 @@
-"""orchestrator/resources.py: capacity check against ray.nodes()-shaped dicts."""
+"""orchestrator/supervisor/resources.py: capacity check against ray.nodes()-shaped dicts."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.resources import SchedulingError, check_capacity, worker_bundle
 from orchestrator.spec import validate
+from orchestrator.supervisor.resources import SchedulingError, check_capacity, worker_bundle
 
 
 def spec(workers: int = 4, **resources):

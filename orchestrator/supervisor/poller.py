@@ -14,7 +14,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from orchestrator.monitor import HealthMonitor
+from orchestrator.supervisor.monitor import HealthMonitor
 
 
 class ReportPoller:

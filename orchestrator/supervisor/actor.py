@@ -41,14 +41,14 @@ from health.preflight import PreflightResult, judge_preflight
 from health.straggler import straggler_decision
 from orchestrator.agent.actor import NodeAgent
 from orchestrator.events import EventLog
-from orchestrator.monitor import HealthMonitor
 from orchestrator.observe.metrics import JobMetrics
-from orchestrator.persist import Persister
-from orchestrator.poller import ReportPoller
-from orchestrator.resources import SchedulingError, check_capacity, worker_bundle
-from orchestrator.slots import Slots, SlotsUnavailable
 from orchestrator.spec import JobSpec
 from orchestrator.state import JobState, StateMachine, Transition
+from orchestrator.supervisor.monitor import HealthMonitor
+from orchestrator.supervisor.persist import Persister
+from orchestrator.supervisor.poller import ReportPoller
+from orchestrator.supervisor.resources import SchedulingError, check_capacity, worker_bundle
+from orchestrator.supervisor.slots import Slots, SlotsUnavailable
 from orchestrator.worker.actor import TrainWorker
 from orchestrator.worker.probes import pair_rounds
 
@@ -107,8 +107,8 @@ class JobSupervisor:
         n = self.world = self.spec.max_workers  # the current world size (elastic jobs vary)
         self.workers: dict[int, Any] = {}
         self.worker_info: dict[int, dict[str, Any]] = {}
-        # rank -> its slot (orchestrator/slots.py); None: placed outside any slot (its slot's
-        # node was bad)
+        # rank -> its slot (supervisor/slots.py); None: placed outside any slot (its slot's node
+        # was bad)
         self.bundle_of: dict[int, int | None] = {}
         # Started and ready: (actor, slot or None, node). Starting: ready() ref -> (actor,
         # slot or None).
