@@ -1,5 +1,5 @@
 """The four dashboards: Job overview, Workers and stragglers, Checkpoints and recovery,
-Nodes and GPUs. Metric names are those of orchestrator/observe/metrics.py (docs/metrics.md)."""
+Nodes and GPUs. Metric names are those of orchestrator/observe/metric_defs.py (docs/metrics.md)."""
 
 from __future__ import annotations
 

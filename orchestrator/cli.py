@@ -271,7 +271,8 @@ def report(run_dir: str, output: str | None, fmt: str) -> None:
     """Render PNG figures and an HTML page from RUN_DIR's events.jsonl and result.json."""
     from rich.markup import escape
 
-    from orchestrator.observe.report import ReportError, build_report
+    from orchestrator.observe.report import build_report
+    from orchestrator.observe.rundir import ReportError
 
     err = Console(stderr=True)
     try:

@@ -1,1 +1,2 @@
-"""Observability: the metrics exporter, progress lines, reading a run directory, the report."""
+"""Observability: the metric definitions and exporter, progress lines, reading a run directory,
+and the report (its numbers, figures and page)."""

@@ -1,14 +1,8 @@
-"""The job's Prometheus metrics: their definitions and the exporter on the supervisor.
+"""The job's Prometheus exporter on the supervisor, and the time accounts behind its goodput.
 
-`DEFINITIONS` is the one place where names, types, labels and help texts live: the exporter
-builds its metrics from it and docs/metrics.md is generated from it
-(``python -m orchestrator.observe.metrics > docs/metrics.md``; a unit test keeps the file current).
-
-Conventions: the ``stalwart_`` prefix, base units in names (seconds, bytes), ``_total`` on
-counters, a ``train_job`` label on every series (not ``job``: Prometheus sets ``job`` to
-the scrape job and would rename ours to ``exported_job``), ``rank``/``node`` where useful and
-never ``step`` (one series per step would grow without bound). Each job has its own
-registry, so two jobs' supervisors in one process never share a series.
+The metrics' names, types, labels and help texts are data in orchestrator/observe/metric_defs.py
+(`DEFINITIONS`); this module builds them into one registry per job, so two jobs' supervisors in
+one process never share a series.
 
 Values come from two places: the job's events (state changes, decisions, recoveries,
 persisted checkpoints, throughput), fed to `JobMetrics.on_event` as they are emitted, and
@@ -21,234 +15,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
-from prometheus_client.core import HistogramMetricFamily
-from prometheus_client.utils import floatToGoString
 
 from health.observations import FailureKind
-from orchestrator.state import JobState
+from orchestrator.observe.histogram import BatchHistogram
+from orchestrator.observe.metric_defs import (
+    DEFINITIONS,
+    GPU_GAUGES,
+    JOB_STATES,
+    RECOVERY_OUTCOMES,
+    RECOVERY_PHASES,
+    TERMINAL_STATES,
+)
 
 log = logging.getLogger(__name__)
-
-JOB_STATES = tuple(s.value for s in JobState)
-TERMINAL_STATES = tuple(s.value for s in JobState if s.terminal)
-RECOVERY_OUTCOMES = ("recovered", "gave_up")
-GPU_GAUGES = (
-    "stalwart_gpu_temperature_celsius",
-    "stalwart_gpu_power_watts",
-    "stalwart_gpu_ecc_uncorrected_errors",
-    "stalwart_gpu_retired_pages",
-    "stalwart_gpu_up",
-)
-RECOVERY_PHASES = ("detect", "decide", "abort", "replace", "rendezvous", "reenter", "restore")
-DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-CHECKPOINT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
-STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-
-
-@dataclass(frozen=True)
-class MetricDef:
-    name: str
-    kind: str  # gauge, counter or histogram
-    help: str
-    labels: tuple[str, ...] = ()
-    buckets: tuple[float, ...] | None = None
-
-
-DEFINITIONS: tuple[MetricDef, ...] = (
-    MetricDef(
-        "stalwart_job_state", "gauge", "1 for the job's current state, 0 for the others", ("state",)
-    ),
-    MetricDef("stalwart_step", "gauge", "the newest step any rank has completed"),
-    MetricDef("stalwart_total_steps", "gauge", "the steps the job runs in all"),
-    MetricDef(
-        "stalwart_committed_step",
-        "gauge",
-        "the newest step whose every shard has its copies in memory (the restore point)",
-    ),
-    MetricDef(
-        "stalwart_committed_timestamp_seconds",
-        "gauge",
-        "when the committed step last moved (unix time)",
-    ),
-    MetricDef(
-        "stalwart_persisted_timestamp_seconds",
-        "gauge",
-        "when the newest durable checkpoint was completed (unix time)",
-    ),
-    MetricDef(
-        "stalwart_gpu_faults_total",
-        "counter",
-        "findings of the GPU health probe, by severity (fatal: node cordoned; application: rank "
-        "restarted; note: reported only)",
-        ("node", "gpu", "severity"),
-    ),
-    MetricDef(
-        "stalwart_gpu_xid_total",
-        "counter",
-        "critical Xid events the GPU health probe read, by code (docs/health.md: what each means)",
-        ("node", "gpu", "xid"),
-    ),
-    MetricDef(
-        "stalwart_gpu_temperature_celsius",
-        "gauge",
-        "a GPU's core temperature at the probe's last reading",
-        ("node", "gpu"),
-    ),
-    MetricDef(
-        "stalwart_gpu_power_watts",
-        "gauge",
-        "a GPU's power draw at the probe's last reading",
-        ("node", "gpu"),
-    ),
-    MetricDef(
-        "stalwart_gpu_ecc_uncorrected_errors",
-        "gauge",
-        "a GPU's volatile uncorrected (double-bit) ECC error count, as NVML reports it",
-        ("node", "gpu"),
-    ),
-    MetricDef(
-        "stalwart_gpu_retired_pages",
-        "gauge",
-        "a GPU's memory pages retired for ECC errors",
-        ("node", "gpu"),
-    ),
-    MetricDef(
-        "stalwart_gpu_up",
-        "gauge",
-        "1 while the probe reads a GPU, 0 once it is lost or cannot be read (GPU readings "
-        "come from NVML, or from the fake probe only when health.gpu.probe is fake; a lost "
-        "node's go)",
-        ("node", "gpu"),
-    ),
-    MetricDef(
-        "stalwart_persisted_step", "gauge", "the newest step written completely to durable storage"
-    ),
-    MetricDef(
-        "stalwart_checkpoint_duration_seconds",
-        "histogram",
-        "time to checkpoint, by tier: memory = a rank's snapshot (capture on the step plus the "
-        "hand-over to its node's store), peer = a node's round of copies to its peers, durable "
-        "= one complete durable checkpoint. Memory and peer observe the mean of the snapshots "
-        "or rounds between two polls, once for each",
-        ("tier",),
-        CHECKPOINT_BUCKETS,
-    ),
-    MetricDef(
-        "stalwart_checkpoint_bytes",
-        "gauge",
-        "size of the newest checkpoint, by tier: memory = the job's snapshot (all ranks' "
-        "shards), durable = the newest durable checkpoint",
-        ("tier",),
-    ),
-    MetricDef(
-        "stalwart_commit_lag_steps",
-        "gauge",
-        "steps between the newest step and the committed one (what a node loss would redo)",
-    ),
-    MetricDef(
-        "stalwart_steps_per_second",
-        "gauge",
-        "the job's step rate over the last throughput interval",
-    ),
-    MetricDef(
-        "stalwart_step_duration_seconds",
-        "histogram",
-        "step cycle time of each rank's completed steps",
-        buckets=STEP_BUCKETS,
-    ),
-    MetricDef(
-        "stalwart_samples_total", "counter", "samples the ranks reported (ctx.report(samples=...))"
-    ),
-    MetricDef(
-        "stalwart_tokens_total", "counter", "tokens the ranks reported (ctx.report(tokens=...))"
-    ),
-    MetricDef(
-        "stalwart_train_metric",
-        "gauge",
-        "a scalar the train loop reports (ctx.report, e.g. loss), mean over ranks",
-        ("name",),
-    ),
-    MetricDef("stalwart_workers", "gauge", "ranks in the current generation"),
-    MetricDef(
-        "stalwart_generation", "gauge", "the current generation (1 + recoveries and resizes)"
-    ),
-    MetricDef(
-        "stalwart_rank_compute_seconds",
-        "gauge",
-        "a rank's last step's compute time (loop body minus collective waits)",
-        ("rank", "node"),
-    ),
-    MetricDef(
-        "stalwart_rank_collective_wait_seconds",
-        "gauge",
-        "a rank's last step's time waiting in collectives",
-        ("rank", "node"),
-    ),
-    MetricDef(
-        "stalwart_straggler_score",
-        "gauge",
-        "a rank's compute time over its peers' median (1 is normal)",
-        ("rank",),
-    ),
-    MetricDef(
-        "stalwart_heartbeat_age_seconds",
-        "gauge",
-        "seconds since a rank's last heartbeat reached its node agent",
-        ("rank",),
-    ),
-    MetricDef("stalwart_rank_memory_bytes", "gauge", "a rank's resident memory", ("rank", "node")),
-    MetricDef("stalwart_failures_total", "counter", "failures acted on, by kind", ("kind",)),
-    MetricDef(
-        "stalwart_recoveries_total",
-        "counter",
-        "recoveries, by outcome (recovered, gave_up)",
-        ("outcome",),
-    ),
-    MetricDef(
-        "stalwart_recovery_duration_seconds",
-        "histogram",
-        "a failure's time to the first step after the restore",
-        buckets=DURATION_BUCKETS,
-    ),
-    MetricDef(
-        "stalwart_recovery_phase_duration_seconds",
-        "histogram",
-        "a recovery's time per phase",
-        ("phase",),
-        DURATION_BUCKETS,
-    ),
-    MetricDef("stalwart_steps_redone_total", "counter", "steps trained again after recoveries"),
-    MetricDef(
-        "stalwart_restarts_left",
-        "gauge",
-        "restarts the failure budget still allows (-1: unlimited)",
-    ),
-    MetricDef("stalwart_cordoned_nodes", "gauge", "nodes this job does not place ranks on"),
-    MetricDef("stalwart_spares_ready", "gauge", "warm spare workers ready to take a rank"),
-    MetricDef("stalwart_stragglers_flagged_total", "counter", "straggler flags raised"),
-    MetricDef(
-        "stalwart_replication_sent_bytes_total", "counter", "bytes of shards sent to peers' memory"
-    ),
-    MetricDef(
-        "stalwart_persist_failures_total", "counter", "durable checkpoint writes that failed"
-    ),
-    MetricDef(
-        "stalwart_wall_seconds_total", "counter", "seconds the job has been running or recovering"
-    ),
-    MetricDef(
-        "stalwart_productive_seconds_total",
-        "counter",
-        "seconds of those spent on steps that were kept (goodput = productive / wall)",
-    ),
-)
 
 
 class Downtime:
@@ -257,7 +41,7 @@ class Downtime:
     to the first step after the restore (its `recovered` event's longest recovered_after_s:
     detection before the RECOVERING state, restore and first step after it), or for its
     RECOVERING state when that is longer or has not ended. The exporter's goodput and the
-    report's (orchestrator/observe/report.py) both count with it."""
+    report's (orchestrator/observe/analysis.py) both count with it."""
 
     def __init__(self) -> None:
         self.first_running: float | None = None
@@ -292,76 +76,6 @@ class Downtime:
     def down(self, until: float) -> float:
         """Seconds down recovering up to `until` (an open recovery counts up to it)."""
         return self._closed + (until - self._since if self._since is not None else 0.0)
-
-
-class BatchHistogram:
-    """A histogram family kept as bucket counts in numpy arrays, exported as Prometheus's
-    histogram type (`_bucket`, `_sum`, `_count`). Unlike prometheus-client's Histogram, a
-    batch of values costs one searchsorted and `observe_n` adds n equal values at once: a
-    16,384-rank job observes hundreds of thousands of step times a minute."""
-
-    def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...], buckets):
-        self.name, self.documentation, self.labelnames = name, documentation, list(labelnames)
-        self.bounds = np.asarray(buckets, dtype=float)
-        self._series: dict[tuple[str, ...], _HistogramSeries] = {}
-        self._lock = threading.Lock()
-
-    def labels(self, *values: str) -> _HistogramSeries:
-        with self._lock:
-            series = self._series.get(values)
-            if series is None:
-                series = self._series[values] = _HistogramSeries(self.bounds)
-            return series
-
-    def describe(self) -> list[HistogramMetricFamily]:
-        return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
-
-    def collect(self) -> list[HistogramMetricFamily]:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        with self._lock:
-            items = list(self._series.items())
-        for values, series in items:
-            counts, total = series.snapshot()
-            cumulative = np.cumsum(counts)
-            buckets = [
-                (floatToGoString(b), float(c))
-                for b, c in zip(self.bounds, cumulative[:-1], strict=True)
-            ]
-            buckets.append(("+Inf", float(cumulative[-1])))
-            family.add_metric(list(values), buckets, total)
-        return [family]
-
-
-class _HistogramSeries:
-    def __init__(self, bounds: np.ndarray):
-        self._bounds = bounds
-        self._counts = np.zeros(len(bounds) + 1, dtype=np.int64)  # last: above every bound
-        self._sum = 0.0
-        self._lock = threading.Lock()
-
-    def observe(self, value: float) -> None:
-        self.observe_n(value, 1)
-
-    def observe_n(self, value: float, n: int) -> None:
-        """n observations of `value`."""
-        i = int(np.searchsorted(self._bounds, value, side="left"))  # first bound >= value
-        with self._lock:
-            self._counts[i] += n
-            self._sum += value * n
-
-    def observe_many(self, values: Sequence[float]) -> None:
-        if not len(values):
-            return
-        v = np.asarray(values, dtype=float)
-        idx = np.searchsorted(self._bounds, v, side="left")
-        add = np.bincount(idx, minlength=len(self._counts))
-        with self._lock:
-            self._counts += add
-            self._sum += float(v.sum())
-
-    def snapshot(self) -> tuple[np.ndarray, float]:
-        with self._lock:
-            return self._counts.copy(), self._sum
 
 
 class JobMetrics:
@@ -666,29 +380,3 @@ class JobMetrics:
         self._children.pop((name, *labels), None)
         with contextlib.suppress(KeyError):
             self._m[name].remove(self.job, *labels)
-
-
-def render_docs() -> str:
-    """docs/metrics.md, from DEFINITIONS."""
-    lines = [
-        "# Metrics",
-        "",
-        "Generated from `orchestrator/observe/metrics.py` "
-        "(`python -m orchestrator.observe.metrics > docs/metrics.md`); "
-        "tests/unit/test_metrics.py fails when this file is stale.",
-        "",
-        "The supervisor serves them at `http://METRICS_HOST:PORT/metrics` (`metrics.host`, "
-        "default 127.0.0.1; `metrics.port`, 0 = a free port, printed at start and written to "
-        "result.json). Every series has a `train_job` label (the job's name).",
-        "",
-        "| name | type | labels | help |",
-        "| --- | --- | --- | --- |",
-    ]
-    for d in DEFINITIONS:
-        labels = ", ".join(f"`{x}`" for x in ("train_job", *d.labels))
-        lines.append(f"| `{d.name}` | {d.kind} | {labels} | {d.help} |")
-    return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    sys.stdout.write(render_docs())

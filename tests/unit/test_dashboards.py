@@ -13,7 +13,7 @@ import yaml
 
 from dashboards.__main__ import render
 from dashboards.definitions import ALL
-from orchestrator.observe.metrics import DEFINITIONS
+from orchestrator.observe.metric_defs import DEFINITIONS
 
 REPO = Path(__file__).resolve().parents[2]
 GRAFANA = REPO / "dashboards" / "grafana"

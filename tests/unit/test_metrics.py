@@ -1,5 +1,6 @@
-"""orchestrator/observe/metrics.py: definitions, naming rules, event and refresh updates, the
-exporter over real HTTP on loopback, and docs/metrics.md being current."""
+"""orchestrator/observe/metric_defs.py and orchestrator/observe/metrics.py: definitions, naming
+rules, event and refresh updates, the exporter over real HTTP on loopback, and docs/metrics.md
+being current."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.observe.metrics import DEFINITIONS, JOB_STATES, JobMetrics, render_docs
+from orchestrator.observe.metric_defs import DEFINITIONS, JOB_STATES, render_docs
+from orchestrator.observe.metrics import JobMetrics
 from orchestrator.state import JobState
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,7 +24,8 @@ def value(m: JobMetrics, metric: str, **labels: str) -> float | None:
 
 def test_docs_are_generated_from_the_definitions():
     assert (REPO / "docs" / "metrics.md").read_text() == render_docs(), (
-        "docs/metrics.md is stale: run `python -m orchestrator.observe.metrics > docs/metrics.md`"
+        "docs/metrics.md is stale: "
+        "run `python -m orchestrator.observe.metric_defs > docs/metrics.md`"
     )
 
 
@@ -343,7 +346,7 @@ def test_batch_histogram_matches_prometheus_bucket_semantics():
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from orchestrator.observe.metrics import BatchHistogram
+    from orchestrator.observe.histogram import BatchHistogram
 
     buckets = (0.1, 0.5, 1.0)
     values = [0.05, 0.1, 0.1000001, 0.5, 0.7, 1.0, 3.0, 0.0]

@@ -1,7 +1,8 @@
-"""orchestrator/observe/report.py, orchestrator/observe/figures.py and `stalwart report`: the
-numbers behind the figures on small synthetic event lists, the files written for a real run's events
-(tests/unit/data/report_run, a trimmed run with two killed workers, a slowed rank and durable
-checkpoints), a synthetic 2,000-rank run, and the errors for unreadable run directories."""
+"""orchestrator/observe/ (rundir.py, analysis.py, rank_times.py, figures.py, figures_costs.py,
+report.py) and `stalwart report`: the numbers behind the figures on small synthetic event lists,
+the files written for a real run's events (tests/unit/data/report_run, a trimmed run with two
+killed workers, a slowed rank and durable checkpoints), a synthetic 2,000-rank run, and the
+errors for unreadable run directories."""
 
 from __future__ import annotations
 
@@ -18,18 +19,11 @@ from click.testing import CliRunner
 from matplotlib.image import imread
 
 from orchestrator.cli import main
+from orchestrator.observe.analysis import goodput, median_step_time, redone_steps, timeline
 from orchestrator.observe.figures import FIGURES
-from orchestrator.observe.report import (
-    ReportError,
-    build_report,
-    goodput,
-    heatmap,
-    load_run,
-    median_of_others,
-    median_step_time,
-    redone_steps,
-    timeline,
-)
+from orchestrator.observe.rank_times import heatmap, median_of_others
+from orchestrator.observe.report import build_report
+from orchestrator.observe.rundir import ReportError, load_run
 
 pytestmark = pytest.mark.timeout(120)
 
