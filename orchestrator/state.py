@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ class Transition:
     new: JobState
     reason: str
     at: float
+    # What the new state works on (RECOVERING: the decision and its failures), so the loop
+    # keeps no side fields for it.
+    context: Any = None
 
 
 class StateMachine:
@@ -56,6 +60,7 @@ class StateMachine:
 
     def __init__(self, clock: Callable[[], float] = time.time):
         self._state = JobState.PENDING
+        self._context: Any = None
         self._clock = clock
         self._hooks: list[Callable[[Transition], None]] = []
 
@@ -63,15 +68,20 @@ class StateMachine:
     def state(self) -> JobState:
         return self._state
 
+    @property
+    def context(self) -> Any:
+        """What the current state works on (see Transition.context)."""
+        return self._context
+
     def add_hook(self, hook: Callable[[Transition], None]) -> None:
         self._hooks.append(hook)
 
-    def set(self, new: JobState, reason: str) -> Transition:
+    def set(self, new: JobState, reason: str, context: Any = None) -> Transition:
         old = self._state
         if new not in TRANSITIONS[old]:
             raise IllegalTransition(f"{old.value} -> {new.value} is not allowed ({reason})")
-        self._state = new
-        t = Transition(old, new, reason, self._clock())
+        self._state, self._context = new, context
+        t = Transition(old, new, reason, self._clock(), context)
         log.info("job state %s -> %s: %s", old.value, new.value, reason)
         for hook in self._hooks:
             hook(t)

@@ -1,0 +1,342 @@
+"""The checkpoint tiers seen from the supervisor: what the nodes' memory holds, which step is
+committed, what each node may drop, where each rank restores from, and durable persistence.
+
+A step is committed when every rank's shard for it is held on `copies` distinct live nodes
+(ckpt/commit.py); the newest two commits are kept. The agents report what they hold; this
+class turns that into the commit, the nodes' trimming (`prune`), the restore sources of the
+next generation (ckpt/holdings.py) and the steps to persist (supervisor/persist.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from ckpt import holdings
+from ckpt.commit import CommitTracker
+from ckpt.durable import CorruptCheckpoint, DurableError, Manifest
+from orchestrator.spec import JobSpec
+from orchestrator.supervisor.persist import Persister
+from orchestrator.supervisor.pool import WorkerPool
+from orchestrator.supervisor.replica_plan import ReplicaPlan
+from orchestrator.supervisor.resources import SchedulingError
+
+NEWEST_KEPT = 3  # each rank's newest steps a node's own store keeps beyond the commits
+FINAL_PERSIST_TIMEOUT_S = 300.0  # a finished job waits this long for its last checkpoint
+
+
+class Checkpoints:
+    def __init__(self, spec: JobSpec, pool: WorkerPool, emit: Callable[..., None]):
+        self.spec = spec
+        self.pool = pool
+        self._emit = emit
+        self.commit = CommitTracker(pool.world)
+        self.stored: dict[str, dict[int, list[int]]] = {}  # node -> its own store's steps
+        self.replicas_held: dict[str, dict[int, list[int]]] = {}  # node -> copies it holds
+        self.replication: dict[str, dict[str, Any]] = {}  # node -> its replicator's status
+        self.plan = ReplicaPlan(spec.checkpoint, pool, emit)
+        # rank -> whose shard it restores (a rank added by a grow, until it has its own)
+        self.borrowed: dict[int, int] = {}
+        self._kept: tuple[int, ...] = ()  # the steps last sent to agents as `keep`
+        self._dropped_below: int | None = None
+        self._prune_seq = 0  # numbers the agents' prune calls (they may overtake)
+        persist = spec.checkpoint.persist
+        self.persister = Persister(persist, spec.name, emit) if persist.uri else None
+        self.resumed_from: int | None = None
+
+    # --- what memory holds ------------------------------------------------------------------
+
+    def absorb(self, reports: list[dict[str, Any]], step: int) -> None:
+        """Take the agents' reports: holdings, the commit, the copies to ask for, trimming.
+        `step`: the job's newest step now."""
+        merged: dict[int, set[int]] = defaultdict(set)
+        for rep in reports:
+            self.stored[rep["node"]] = rep["stored"]
+            self.replicas_held[rep["node"]] = rep.get("replicas", {})
+            self.replication[rep["node"]] = rep.get("replication", {})
+            for rank, steps in rep["stored"].items():
+                merged[int(rank)].update(steps)
+        before = self.commit.committed
+        own = {r: merged.get(r, set()) for r in self.pool.workers}
+        lost = self.pool.lost_nodes
+        live = [
+            held
+            for per_node in (self.stored, self.replicas_held)
+            for node, held in per_node.items()
+            if node not in lost
+        ]
+        committed = self.commit.observe(self.plan.replicated(own, live))
+        for rank in [r for r in self.borrowed if committed in merged.get(r, ())]:
+            del self.borrowed[rank]  # a grown rank's own shard is committed now
+        self.plan.replicate(own, committed, self.replication)
+        if committed != before and committed is not None:
+            drop = self.commit.droppable_below()
+            if drop is not None:
+                self._dropped_below = drop
+        self.trim(step)
+
+    def forget_node(self, node: str) -> None:
+        self.stored.pop(node, None)
+        self.replicas_held.pop(node, None)
+        self.replication.pop(node, None)
+
+    def _holders(self, step: int) -> dict[int, list[str]]:
+        """rank -> the live nodes whose memory holds its shard of `step` (own or copy)."""
+        return holdings.holders(step, (self.stored, self.replicas_held), self.pool.agents)
+
+    def in_memory(self) -> dict[int, set[int]]:
+        """rank -> the steps of which some live node's memory holds a shard it can restore."""
+        return holdings.in_memory(
+            (self.stored, self.replicas_held), self.pool.lost_nodes, self.borrowed
+        )
+
+    def complete_in_memory(self) -> set[int]:
+        """Steps of which every rank's shard is in some live node's memory."""
+        return holdings.complete(self.in_memory(), self.pool.world)
+
+    def trim(self, step: int) -> None:
+        """Bound each node's memory: keep the retained commits, the step being replicated,
+        the steps persistence still needs and each rank's newest few; drop everything
+        below the oldest retained commit. `step`: the job's newest step now."""
+        keep = set(self.commit.retained)
+        if self.plan.replicating is not None:
+            keep.add(self.plan.replicating[0])
+        if self.persister is not None:
+            keep |= self.persister.pinned(step)
+        keep = tuple(sorted(keep))
+        if keep == self._kept:
+            return
+        self._kept = keep
+        # Nothing kept is dropped for being old (a grid step waiting to be persisted).
+        below = self._dropped_below
+        if below is not None and keep:
+            below = min(below, keep[0])
+        self._prune_seq += 1
+        for agent in self.pool.agents.values():
+            agent.prune.remote(
+                below=below,
+                keep=list(keep),
+                newest=NEWEST_KEPT,
+                fresh_above=self.commit.committed,
+                seq=self._prune_seq,
+            )
+
+    # --- restoring --------------------------------------------------------------------------
+
+    def sources(
+        self, step: int | None, durable: Manifest | None
+    ) -> dict[int, tuple[Any, int, str | None]]:
+        """rank -> where it restores `step` from: (its node agent or the durable target,
+        whose shard, tier). From storage when `durable`: every rank reads its own shard
+        (sha256-checked against the manifest); memory holds no complete set then."""
+        pool = self.pool
+        if durable is not None:
+            target = self.persister.target
+            return {r: (target, r, "durable") for r in pool.workers}
+        by_rank = self._holders(step) if step is not None else {}
+        out = {}
+        for r in pool.workers:
+            here = pool.worker_info.get(r, {}).get("node_id")
+            src = holdings.restore_source(r, step, here, by_rank, self.borrowed.get(r))
+            agent = pool.agents[src.node] if src.node is not None else None
+            out[r] = (agent, src.rank, src.tier)
+        return out
+
+    def roll_back(self) -> tuple[int | None, Manifest | None]:
+        """After a failure (and a fresh poll): the newest step with a complete set of shards
+        in memory (any live copy), else on durable storage, else None (start over). Every
+        node drops what lies above it. Returns (step, manifest when from storage)."""
+        world = self.pool.world
+        if self.commit.world_size != world:
+            self.commit = CommitTracker(world)
+        self.commit.reset(self.in_memory())
+        durable = None
+        if self.commit.committed is None:
+            durable = self.durable_restore_point()
+            if durable is None:
+                self._emit(
+                    "restart_from_scratch",
+                    reason="no step has a copy of every rank's shard on a living node "
+                    f"(checkpoint.replicas={self.spec.checkpoint.replicas}, "
+                    f"{self.plan.copies} kept) nor on durable storage"
+                    + ("" if self.persister else " (checkpoint.persist.uri is not set)"),
+                )
+        restore = durable.step if durable is not None else self.commit.committed
+        self.commit.rollback(self.commit.committed if self.commit.committed is not None else -1)
+        self.plan.replicating, self._kept, self._dropped_below = None, (), None
+        self._prune_seq += 1
+        for agent in self.pool.agents.values():
+            agent.prune.remote(above=restore if restore is not None else -1, seq=self._prune_seq)
+        return restore, durable
+
+    def borrow(self, rank: int, source: int) -> None:
+        """`rank` (added by a grow) restores `source`'s shard until it has its own."""
+        self.borrowed[rank] = source
+
+    def rekey(self, mapping: dict[int, int]) -> None:
+        """Ranks were renumbered old -> new: every node store renames its shards."""
+        ray.get([a.rekey.remote(mapping) for a in self.pool.agents.values()], timeout=60)
+        self.borrowed = {
+            mapping[r]: mapping[src]
+            for r, src in self.borrowed.items()
+            if r in mapping and src in mapping
+        }
+        self.stored.clear()
+        self.replicas_held.clear()
+
+    def adopted_restore_point(self) -> int | None:
+        """The newest step of which the adopted agents' memory holds every rank's shard
+        (own stores or copies), after a poll."""
+        self.commit.reset(self.in_memory())
+        step = self.commit.committed
+        self._emit(
+            "resume",
+            step=step,
+            reason=(
+                f"taking the job back from the node agents' memory at step {step}"
+                if step is not None
+                else "the node agents hold no complete step: durable storage or step 0"
+            ),
+        )
+        return step
+
+    # --- durable tier -----------------------------------------------------------------------
+
+    def durable_restore_point(self) -> Manifest | None:
+        """The newest durable checkpoint of this job and world size that verifies (every
+        shard's size and sha256); each newer one skipped is reported with its reason."""
+        if self.persister is None:
+            return None
+        store = self.persister.store
+        try:
+            manifest, skipped = store.newest_valid(self.pool.world)
+        except DurableError as e:
+            self._emit("durable_unavailable", reason=f"{store.describe()}: {e}")
+            return None
+        for step, why in skipped:
+            self._emit("checkpoint_skipped", step=step, reason=why)
+        return manifest
+
+    def resume_point(self, resume: str) -> Manifest | None:
+        """Whole-job resume at start (`stalwart run --resume auto|never|STEP`)."""
+        if self.persister is None or resume == "never":
+            return None
+        store = self.persister.store
+        world = self.pool.world
+        if resume == "auto":
+            manifest = self.durable_restore_point()
+            if manifest is None:
+                self._emit(
+                    "resume",
+                    step=None,
+                    reason=f"no complete checkpoint of {world} ranks under "
+                    f"{store.describe()}: starting from step 0",
+                )
+                return None
+        else:
+            step = int(resume)
+            try:
+                manifest = store.verify(step, world)
+            except (CorruptCheckpoint, DurableError) as e:
+                raise SchedulingError(f"--resume {step}: {e}") from None
+        self.resumed_from = manifest.step
+        self.persister.resumed_from(manifest.step)
+        self._emit(
+            "resume",
+            step=manifest.step,
+            reason=f"resuming from durable step {manifest.step} of {store.describe()} "
+            f"(written {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(manifest.created_at))})",
+        )
+        return manifest
+
+    def maybe_persist(self, running: bool, step: int) -> None:
+        """Start writing a committed step to storage when one is due (after a poll: what
+        memory holds changes only with one). `step`: the job's newest step now."""
+        p = self.persister
+        if p is None:
+            return
+        p.poll()
+        if not running:
+            return
+        due = p.choose(self.complete_in_memory(), self.commit.committed, time.time())
+        if due is not None:
+            self._start_persist(due, step)
+
+    def _start_persist(self, due: int, step: int) -> bool:
+        """Have the agents write `due`: each rank's shard by a node holding it in memory
+        (the rank's own node when it can). False if some shard is not in memory now."""
+        pool = self.pool
+        by_rank = self._holders(due)
+        assignment: dict[str, tuple[Any, list[int]]] = {}
+        for rank in range(pool.world):
+            nodes = by_rank.get(self.borrowed.get(rank, rank), [])
+            if not nodes:
+                return False  # (a shrink or rekey moved it): next time
+            node = holdings.pick(nodes, pool.worker_info.get(rank, {}).get("node_id"))
+            assignment.setdefault(node, (pool.agents[node], []))[1].append(rank)
+        self.persister.start(due, pool.world, assignment)
+        self.trim(step)
+        return True
+
+    def persist_final(self, step: int) -> None:
+        """At the end of a job, the newest step all ranks hold goes to storage too (after
+        the write in flight), so a finished job's last state is durable."""
+        p = self.persister
+        if p is None:
+            return
+        if not p.wait(FINAL_PERSIST_TIMEOUT_S):
+            self._emit("persist_failed", step=None, reason="the last write did not end")
+            return
+        last = p.last_step if p.last_step is not None else 0
+        newest = max((s for s in self.complete_in_memory() if s > last), default=None)
+        if newest is None or not self._start_persist(newest, step):
+            return
+        if not p.wait(FINAL_PERSIST_TIMEOUT_S):
+            self._emit(
+                "persist_failed", step=newest, reason="the final checkpoint's write did not end"
+            )
+
+    def storage_outage(self, seconds: float) -> None:
+        """Chaos storage_unavailable: the durable target fails for `seconds`."""
+        if self.persister is None:
+            self._emit(
+                "fault_refused",
+                kind="storage_unavailable",
+                reason="checkpoint.persist.uri is not set: there is no storage to fail",
+            )
+            return
+        self.persister.outage(seconds, list(self.pool.agents.values()))
+
+    # --- the end ----------------------------------------------------------------------------
+
+    def final_copies(self) -> int | None:
+        """At the end of a job, ask for the last step's copies too (the thinned grid of
+        copies may have skipped it; the end state should be as safe as the rest). Returns
+        the step to wait for, or None when there is nothing to copy."""
+        workers = self.pool.workers
+        if self.plan.copies <= 1 or not workers:
+            return None
+        own: dict[int, set[int]] = defaultdict(set)
+        for held in self.stored.values():
+            for r, steps in held.items():
+                own[int(r)].update(steps)
+        complete = set.intersection(*(own.get(r, set()) for r in workers))
+        if not complete:
+            return None
+        newest = max(complete)
+        self.plan.send(newest)
+        return newest
+
+    def replication_summary(self) -> dict[str, Any]:
+        agents = self.pool.agents
+        held = {
+            node: sum(map(len, self.stored.get(node, {}).values()))
+            + sum(map(len, self.replicas_held.get(node, {}).values()))
+            for node in self.plan.nodes
+            if node in agents
+        }
+        return self.plan.summary(list(self.replication.values()), held)

@@ -1,0 +1,270 @@
+"""Detection: the agents' reports -> observations (heartbeats, GPU readings) -> failures.
+
+It polls the node agents (supervisor/poller.py), feeds the monitor (supervisor/monitor.py)
+and runs the detectors of health/ on it: lost nodes, hangs (with every rank's stacks),
+stragglers, GPU faults. It returns failures and never acts on them: deciding is
+health.policy's, executing recovery's. A lost node is the one fact it spreads: every
+collaborator that keeps state of the node forgets it at once (its slots go back too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from health.observations import Budget, FailureKind, WorkerFailure
+from health.policy import Action
+from health.straggler import straggler_decision
+from orchestrator.observe.metrics import JobMetrics
+from orchestrator.spec import JobSpec
+from orchestrator.supervisor.monitor import HealthMonitor
+from orchestrator.supervisor.poller import ReportPoller
+from orchestrator.supervisor.pool import NODE_PING_TIMEOUT_S, ActorGone, WorkerPool
+
+if TYPE_CHECKING:
+    from orchestrator.supervisor.checkpoints import Checkpoints
+
+RAY_NODES_CHECK_S = 1.0  # how often Ray's node table is read
+STACKS_TIMEOUT_S = 3.0  # a worker answers for its own stacks within this...
+DUMP_TIMEOUT_S = 15.0  # ...else its agent dumps them from outside (py-spy) within this
+
+
+class Detection:
+    def __init__(
+        self,
+        spec: JobSpec,
+        pool: WorkerPool,
+        checkpoints: Checkpoints,
+        metrics: JobMetrics,
+        emit: Callable[..., None],
+        lock: threading.Lock,
+    ):
+        self.spec = spec
+        self.pool = pool
+        self.checkpoints = checkpoints
+        self.metrics = metrics
+        self._emit = emit
+        self._lock = lock  # the actor's: progress() reads the beats from another thread
+        self.monitor = HealthMonitor(spec.health)
+        self.poller = ReportPoller(lambda node: pool.agents[node].report.remote(), self.monitor)
+        self.beats: dict[int, dict[str, Any]] = {}  # rank -> its newest heartbeat
+        self.flags: list[dict[str, Any]] = []  # every straggler flag, for the result
+        self._straggling: set[int] = set()
+        self._last_ray_check = 0.0
+
+    # --- observations -----------------------------------------------------------------------
+
+    def poll(self, generation: int, wait_s: float = 0.0) -> tuple[list[dict], list[WorkerFailure]]:
+        """Ask every agent for its report; take the answers that are in (waiting up to
+        `wait_s` for all). An agent that does not answer is not waited for: its silence
+        is what node-loss detection measures. Returns the reports and the GPU failures
+        their readings show."""
+        pool = self.pool
+        reports = self.poller.poll(list(pool.agents), wait_s)
+        if time.time() - self._last_ray_check >= RAY_NODES_CHECK_S:
+            self._last_ray_check = time.time()
+            self.monitor.ray_states({n["NodeID"]: bool(n["Alive"]) for n in ray.nodes()})
+        failures: list[WorkerFailure] = []
+        with self._lock:
+            for rep in reports:
+                for rank, beat in rep["beats"].items():
+                    rank = int(rank)
+                    if rank in pool.workers and beat["pid"] == pool.worker_info[rank]["pid"]:
+                        self.beats[rank] = beat
+                        if beat.get("generation") == generation:
+                            self.monitor.beat(rank, beat)
+                if rep["gpus"]:
+                    # GPU gauges from NVML, or from the fake probe when the spec asks for it:
+                    # `auto`'s stand-in on a CPU node has no GPU to read.
+                    real = rep.get("gpu_probe") == "nvml" or self.spec.health.gpu.probe == "fake"
+                    self.metrics.gpu_readings(rep["node"], rep["gpus"], gauges=real)
+                    failures += self._judge_gpus(rep["node"], rep["gpus"])
+        return reports, failures
+
+    def start_generation(self, now: float) -> None:
+        pool = self.pool
+        self.monitor.start_generation(
+            {r: (pool.worker_info[r]["node_id"], pool.worker_info[r]["pid"]) for r in pool.workers},
+            now,
+        )
+
+    def current_beats(self, generation: int) -> list[dict[str, Any]]:
+        """The newest heartbeat of every rank that has beaten in `generation`."""
+        with self._lock:
+            return [b for b in self.beats.values() if b.get("generation") == generation]
+
+    def step_of(self, rank: int) -> int | None:
+        return self.beats.get(rank, {}).get("step")
+
+    def forget_rank(self, rank: int) -> None:
+        self.beats.pop(rank, None)
+
+    def renumbered(self) -> None:
+        """Ranks were renumbered: old beats and answers in flight describe the old world."""
+        self.beats.clear()
+        self.poller.discard_in_flight()
+
+    # --- lost nodes -------------------------------------------------------------------------
+
+    def lost_nodes(self, now: float) -> tuple[list[str], str]:
+        return self.monitor.lost_nodes(now)
+
+    def lose_node(self, node: str, reason: str, now: float) -> list[WorkerFailure]:
+        """`node` is gone: everyone forgets it; its ranks' failures."""
+        ranks = self.monitor.ranks_on(node)
+        spares_lost = self.pool.lose_node(node)
+        self.monitor.forget_node(node)
+        self.metrics.forget_node(node)
+        self.poller.forget(node)
+        self.checkpoints.forget_node(node)
+        self._emit("node_lost", node=node, ranks=ranks, spares_lost=spares_lost, reason=reason)
+        return [
+            WorkerFailure(
+                FailureKind.NODE_LOST, rank, node, now, step=self.step_of(rank), message=reason
+            )
+            for rank in ranks
+        ]
+
+    def unresponsive(self, nodes: set[str]) -> list[str]:
+        """Those of `nodes` whose agent does not answer a ping within NODE_PING_TIMEOUT_S."""
+        agents = self.pool.agents
+        refs = {agents[n].ping.remote(): n for n in nodes if n in agents}
+        if not refs:
+            return []
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=NODE_PING_TIMEOUT_S)
+        dead = [n for ref, n in refs.items() if ref not in ready]
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ActorGone:
+                dead.append(refs[ref])
+        return sorted(dead)
+
+    # --- hangs ------------------------------------------------------------------------------
+
+    def hang(self, now: float, generation: int) -> list[WorkerFailure] | None:
+        """A hang (beating, not stepping) or a stuck collective: its ranks' failures, after
+        every rank's stacks went to the event log. None when there is none."""
+        hang, reason = self.monitor.hang(now)
+        if hang is None:
+            return None
+        stacks = self._capture_stacks()
+        self._emit(
+            "hang",
+            culprits=list(hang.culprits),
+            waiting=list(hang.waiting),
+            stalled_s=round(hang.stalled_for_s, 3),
+            reason=reason,
+        )
+        self._emit("stacks", generation=generation, reason=reason, stacks=stacks)
+        kind = FailureKind.HUNG if hang.culprits else FailureKind.COMM_ERROR
+        return [
+            WorkerFailure(
+                kind,
+                rank,
+                self.pool.node_of(rank),
+                now,
+                step=self.step_of(rank),
+                error_type="Hang" if hang.culprits else "StuckCollective",
+                message=reason,
+            )
+            for rank in hang.culprits or hang.waiting
+        ]
+
+    def _capture_stacks(self) -> dict[int, dict[str, Any]]:
+        """Every rank's Python stacks: asked of the worker (another of its threads answers);
+        a worker that cannot answer is dumped from outside by its node's agent (py-spy)."""
+        pool = self.pool
+        refs = {pool.workers[r].stacks.remote(): r for r in pool.workers}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=STACKS_TIMEOUT_S)
+        out: dict[int, dict[str, Any]] = {}
+        for ref in ready:
+            with contextlib.suppress(*ActorGone):
+                out[refs[ref]] = ray.get(ref)
+        dumps = {}
+        for rank in [r for r in pool.workers if r not in out]:
+            info = pool.worker_info[rank]
+            agent = pool.agents.get(info["node_id"])
+            if agent is not None:
+                dumps[agent.dump_stacks.remote(info["pid"])] = rank
+        if dumps:
+            ready, _ = ray.wait(list(dumps), num_returns=len(dumps), timeout=DUMP_TIMEOUT_S)
+            for ref in ready:
+                out[dumps[ref]] = {"rank": dumps[ref], **ray.get(ref)}
+        for rank in pool.workers:
+            out.setdefault(rank, {"rank": rank, "via": None, "text": "no stack: no answer"})
+        return out
+
+    # --- stragglers -------------------------------------------------------------------------
+
+    def stragglers(self, now: float, budget: Budget) -> list[WorkerFailure]:
+        """New and cleared straggler flags (events; flags kept for the result) and, when
+        health.straggler.policy replaces them, the flagged ranks' failures."""
+        monitor = self.monitor
+        report, reason = monitor.stragglers()
+        flagged = set(monitor.flagged_since)  # flags clear only after a calm span
+        for rank in sorted(self._straggling - flagged):
+            self._emit("straggler_cleared", rank=rank, score=report.scores.get(rank))
+        new = sorted(flagged - self._straggling)
+        self._straggling = flagged
+        if not new:
+            return []
+        pool = self.pool
+        node_of = {r: pool.node_of(r) for r in pool.workers}
+        decision, action_reason = straggler_decision(
+            tuple(new), self.spec.health.straggler.policy, node_of, pool.spare_nodes(), budget
+        )
+        for rank in new:
+            since = monitor.flagged_since.get(rank, report.through_step)
+            flag = {
+                "rank": rank,
+                "node": node_of[rank],
+                "score": report.scores.get(rank),
+                "through_step": since,  # the first step whose data supported the flag
+                "rank_step": self.step_of(rank),
+                # the job's rate over the steps the verdict covers
+                "steps_per_s": monitor.steps_per_s(since, monitor.straggler_cfg.span),
+                "at": now,
+                "action": decision.action.value,
+            }
+            self.flags.append(flag)
+            self._emit(
+                "straggler", **flag, scores=report.scores, reason=reason, decision=action_reason
+            )
+        if decision.action is not Action.REPLACE:
+            return []
+        return [
+            WorkerFailure(
+                FailureKind.STRAGGLER,
+                rank,
+                node_of[rank],
+                now,
+                step=self.step_of(rank),
+                error_type="Straggler",
+                message=reason,
+            )
+            for rank in decision.ranks
+        ]
+
+    # --- GPUs -------------------------------------------------------------------------------
+
+    def _judge_gpus(self, node: str, gpus: list[dict[str, Any]]) -> list[WorkerFailure]:
+        verdict, _reason = self.monitor.gpu_readings(node, gpus)
+        now = time.time()
+        out = []
+        for (gnode, index), why in verdict.info.items():
+            self._emit("gpu_note", node=gnode, gpu=index, reason=why)
+        for (gnode, index), why in verdict.fatal.items():
+            ranks = self.monitor.ranks_on(gnode)
+            self._emit("gpu_fatal", node=gnode, gpu=index, ranks=ranks, reason=why)
+            out += [WorkerFailure(FailureKind.GPU_FATAL, r, gnode, now, message=why) for r in ranks]
+        for (gnode, index), why in verdict.application.items():
+            ranks = self.monitor.ranks_on_gpu(gnode, index)
+            self._emit("gpu_error", node=gnode, gpu=index, ranks=ranks, reason=why)
+            out += [WorkerFailure(FailureKind.GPU_ERROR, r, gnode, now, message=why) for r in ranks]
+        return out

@@ -1,0 +1,424 @@
+"""The job's workers and the room they run in: ranks, slots, warm spares, node agents, and the
+nodes that get no new ranks (lost or cordoned).
+
+Placement rules (docs/architecture.md, "Placement of replacements"): a ready spare on a
+healthy node; else the lost rank's slot if its node is alive and not cordoned; else any
+healthy node, outside any slot.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    NodeLabelSchedulingStrategy,
+    NotIn,
+)
+
+from health.cordon import CordonList
+from orchestrator.agent.actor import NodeAgent
+from orchestrator.spec import JobSpec
+from orchestrator.supervisor.resources import SchedulingError, check_capacity, worker_bundle
+from orchestrator.supervisor.slots import Slots, SlotsUnavailable
+from orchestrator.worker.actor import TrainWorker
+
+AGENT_PREFIX = "stalwart-agent-"
+NODE_PING_TIMEOUT_S = 1.0  # a dead worker's node must answer this fast to keep its bundle
+ATTACH_TIMEOUT_S = 30.0
+# An actor that is gone, or that cannot be reached (its node is down).
+ActorGone = (RayActorError, ActorUnavailableError)
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        spec: JobSpec,
+        store_key: str,
+        base_dir: str | None,
+        emit: Callable[..., None],
+    ):
+        self.spec = spec
+        self._spec_dict = spec.model_dump(mode="json")
+        self.store_key = store_key
+        self.base_dir = base_dir
+        self._emit = emit
+        self.world = spec.max_workers  # the current world size (elastic jobs vary)
+        self.workers: dict[int, Any] = {}
+        self.worker_info: dict[int, dict[str, Any]] = {}
+        # rank -> its slot (supervisor/slots.py); None: placed outside any slot (its slot's
+        # node was bad)
+        self.bundle_of: dict[int, int | None] = {}
+        # Started and ready: (actor, slot or None, node). Starting: ready() ref -> (actor,
+        # slot or None).
+        self.spares: list[tuple[Any, int | None, str]] = []
+        self.spares_starting: dict[Any, tuple[Any, int | None]] = {}
+        self.agents: dict[str, Any] = {}
+        self.slots = Slots(f"stalwart-{spec.name}")
+        self.lost_nodes: set[str] = set()
+        self.cordons = CordonList(spec.health.cordon_ttl_s)
+        self.cordon_log: list[dict[str, Any]] = []
+        self.supervisor: Any = None  # the supervisor's handle, for workers to report faults to
+
+    # --- nodes ------------------------------------------------------------------------------
+
+    def node_of(self, rank: int) -> str:
+        return self.worker_info[rank]["node_id"]
+
+    def bad_nodes(self) -> set[str]:
+        """Nodes that get no new ranks: lost or cordoned."""
+        return self.lost_nodes | set(self.cordons.active(time.time()))
+
+    def cordon(self, node: str, reason: str, now: float) -> None:
+        c = self.cordons.cordon(node, reason, now)
+        self.cordon_log.append({"node": node, "at": now, "until": c.until, "reason": reason})
+        self._emit("cordoned", node=node, until=c.until, reason=reason)
+
+    def expire_cordons(self, now: float) -> None:
+        for c in self.cordons.expire(now):
+            self._emit("uncordoned", node=c.node, reason="cordon TTL passed")
+
+    def lose_node(self, node: str) -> int:
+        """`node` is gone: its slots are released at once (Ray would keep trying to re-place
+        them, see slots.py), its agent forgotten, its spares killed. Returns the spares lost."""
+        self.lost_nodes.add(node)
+        self.slots.release_on({node})
+        self.agents.pop(node, None)
+        dropped = [s for s in self.spares if s[2] == node]
+        self.spares = [s for s in self.spares if s[2] != node]
+        for actor, _, _ in dropped:
+            ray.kill(actor, no_restart=True)
+        return len(dropped)
+
+    def usable_bundle(self, bundle_index: int | None) -> int | None:
+        """`bundle_index` (a slot) if its node may take a rank, else None (place outside
+        any slot; a slot on a bad node is released)."""
+        if bundle_index is None:
+            return None
+        node = self.slots.node_of(bundle_index)
+        if node is not None and node not in self.bad_nodes():
+            return bundle_index
+        self.slots.release(bundle_index)
+        return None
+
+    def local_ranks(self) -> dict[int, int]:
+        by_node: dict[str, list[int]] = defaultdict(list)
+        for rank in sorted(self.workers):
+            by_node[self.worker_info[rank]["node_id"]].append(rank)
+        return {r: i for ranks in by_node.values() for i, r in enumerate(ranks)}
+
+    # --- agents -----------------------------------------------------------------------------
+
+    def ensure_agent(self, node: str) -> Any:
+        if node not in self.agents:
+            gpu = self.spec.health.gpu
+            self.agents[node] = (
+                ray.remote(NodeAgent)
+                .options(
+                    num_cpus=0,
+                    max_concurrency=32,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                    # Detached: the node's memory (its shards) outlives this supervisor, so
+                    # a restarted one takes the job back from it (the agent's lease ends
+                    # it when no supervisor of the job is left).
+                    lifetime="detached",
+                    name=f"{AGENT_PREFIX}{self.store_key}-{node[:16]}",
+                    namespace="stalwart",
+                )
+                .remote(
+                    node,
+                    self.store_key,
+                    gpu_probe=gpu.probe,
+                    gpu_interval_s=gpu.interval_s,
+                )
+            )
+        return self.agents[node]
+
+    def adopt_agents(self) -> None:
+        """The node agents a dead supervisor left (detached, named after the store key);
+        the room its slots held is given back first."""
+        self.slots.remove_leftovers()
+        prefix = f"{AGENT_PREFIX}{self.store_key}-"
+        names = [
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == "stalwart" and a["name"].startswith(prefix)
+        ]
+        for name in names:
+            try:
+                agent = ray.get_actor(name, namespace="stalwart")
+                node = ray.get(agent.ping.remote(), timeout=NODE_PING_TIMEOUT_S * 5)
+            except (*ActorGone, ValueError, GetTimeoutError):
+                continue  # its node is gone
+            self.agents[node] = agent
+
+    def forget_rank(self, rank: int) -> None:
+        """Every agent drops `rank`'s slot reservations, synchronously: they must be
+        released before its successor reserves its own."""
+        ray.wait(
+            [a.forget.remote(rank) for a in self.agents.values()],
+            num_returns=len(self.agents),
+            timeout=5,
+        )
+
+    # --- scheduling -------------------------------------------------------------------------
+
+    def schedule(self) -> None:
+        """Hold the room for every rank and spare (all or nothing), start the workers and
+        the spares, and wait until they are ready."""
+        spec = self.spec
+        check_capacity(spec, ray.nodes())
+        bundle = worker_bundle(spec)
+        n_bundles = self.world + spec.failure.spares
+        try:
+            self.slots.reserve(n_bundles, bundle, spec.placement, spec.failure.scheduling_timeout_s)
+        except SlotsUnavailable as e:
+            raise SchedulingError(
+                f"{e}: {self.world} workers and {spec.failure.spares} spares "
+                f"within failure.scheduling_timeout_s={spec.failure.scheduling_timeout_s}"
+            ) from None
+        for node in sorted(self.slots.nodes()):
+            self.ensure_agent(node)
+        for rank in range(self.world):
+            self.bundle_of[rank] = rank
+            self.workers[rank] = self.create_worker(rank, rank)
+        for bundle_index in range(self.world, n_bundles):
+            self.start_spare(bundle_index)
+        self.await_ready(list(range(self.world)), spec.failure.scheduling_timeout_s)
+        if self.spares_starting:
+            # Start with the spares ready, so an early failure finds one.
+            ray.wait(
+                list(self.spares_starting),
+                num_returns=len(self.spares_starting),
+                timeout=spec.failure.scheduling_timeout_s,
+            )
+            self.check_spares()
+
+    def create_worker(self, rank: int | None, bundle_index: int | None) -> Any:
+        spec = self.spec
+        if bundle_index is not None:
+            strategy: Any = self.slots.strategy(bundle_index)
+        elif bad := self.bad_nodes():
+            strategy = NodeLabelSchedulingStrategy(hard={"ray.io/node-id": NotIn(*sorted(bad))})
+        else:
+            strategy = "DEFAULT"
+        options: dict[str, Any] = {
+            "num_cpus": spec.resources.cpu,
+            "num_gpus": spec.resources.gpu,
+            "resources": dict(spec.resources.custom),
+            "max_concurrency": 4,
+            "max_restarts": 0,
+            "max_task_retries": 0,
+            "scheduling_strategy": strategy,
+        }
+        if spec.runtime_env:
+            options["runtime_env"] = spec.runtime_env
+        return (
+            ray.remote(TrainWorker)
+            .options(**options)
+            .remote(
+                job=spec.name,
+                spec=self._spec_dict,
+                rank=rank,
+                world_size=self.world,
+                base_dir=self.base_dir,
+                supervisor=self.supervisor,
+            )
+        )
+
+    def await_ready(
+        self, ranks: list[int], timeout_s: float, allow_missing: bool = False
+    ) -> list[int]:
+        """Wait for `ranks`' workers to start and attach them to their node agents. Returns
+        the ranks still not started after `timeout_s` (only with `allow_missing`)."""
+        refs = {self.workers[r].ready.remote(): r for r in ranks}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        missing = sorted(r for ref, r in refs.items() if ref not in ready)
+        if missing and not allow_missing:
+            raise SchedulingError(
+                f"workers {missing} did not start within {timeout_s:.0f} s "
+                "(failure.scheduling_timeout_s, or failure.replacement_timeout_s for a "
+                "replacement); no healthy node had room for them"
+            )
+        try:
+            infos = ray.get(ready)
+        except ActorGone as e:
+            raise SchedulingError(f"a worker failed to start: {actor_error_text(e)}") from None
+        attached = []
+        for info, ref in zip(infos, ready, strict=True):
+            rank = refs[ref]
+            self.worker_info[rank] = {**info, "rank": rank}
+            agent = self.ensure_agent(info["node_id"])
+            attached.append(self.workers[rank].attach.remote(agent))
+        ray.get(attached, timeout=ATTACH_TIMEOUT_S)
+        return missing
+
+    # --- spares -----------------------------------------------------------------------------
+
+    def start_spare(self, bundle_index: int | None) -> None:
+        """Start an idle worker (in `bundle_index`, or on any healthy node if None); it
+        becomes usable once ready() returns."""
+        actor = self.create_worker(None, bundle_index)
+        self.spares_starting[actor.ready.remote()] = (actor, bundle_index)
+
+    def check_spares(self) -> None:
+        if not self.spares_starting:
+            return
+        ready, _ = ray.wait(
+            list(self.spares_starting), num_returns=len(self.spares_starting), timeout=0
+        )
+        for ref in ready:
+            actor, bundle_index = self.spares_starting.pop(ref)
+            try:
+                info = ray.get(ref)
+                ray.get(
+                    actor.attach.remote(self.ensure_agent(info["node_id"])),
+                    timeout=ATTACH_TIMEOUT_S,
+                )
+            except (*ActorGone, GetTimeoutError) as e:
+                self._emit("spare_failed", bundle=bundle_index, message=actor_error_text(e))
+                continue
+            self.spares.append((actor, bundle_index, info["node_id"]))
+            self._emit(
+                "spare_ready", bundle=bundle_index, node=info["node_id"], spares=len(self.spares)
+            )
+
+    def take_spare(self, rank: int) -> tuple[Any, int | None] | None:
+        """A ready spare on a healthy node, now holding `rank`; None if there is none."""
+        bad = self.bad_nodes()
+        for entry in list(self.spares):
+            actor, bundle_index, node = entry
+            if node in bad:
+                continue
+            self.spares.remove(entry)
+            try:
+                ray.get(actor.assume.remote(rank), timeout=10)
+            except (*ActorGone, GetTimeoutError) as e:
+                self._emit("spare_failed", bundle=bundle_index, message=actor_error_text(e))
+                ray.kill(actor, no_restart=True)
+                self.start_spare(self.usable_bundle(bundle_index))
+                continue
+            return actor, bundle_index
+        return None
+
+    def spare_nodes(self) -> frozenset[str]:
+        """Healthy nodes with a ready spare."""
+        bad = self.bad_nodes()
+        return frozenset(n for _, _, n in self.spares if n not in bad)
+
+    def restart_spares_on(self, nodes: set[str] | dict[str, Any]) -> None:
+        """Spares on `nodes` (which failed preflight) are stopped and started elsewhere."""
+        for entry in [s for s in self.spares if s[2] in nodes]:
+            self.spares.remove(entry)
+            ray.kill(entry[0], no_restart=True)
+            self.start_spare(None)
+
+    # --- replacing ranks --------------------------------------------------------------------
+
+    def replace(self, ranks: set[int]) -> tuple[dict[int, int | None], dict[int, str]]:
+        """Stop `ranks`' workers and start their successors: a warm spare on a healthy node
+        if one is ready (its place refilled in the background), else a new worker in the
+        lost rank's slot if its node is healthy, else on any healthy node. Returns the
+        spares used (rank -> their slot) and how each rank was placed."""
+        self.check_spares()
+        used_spares: dict[int, int | None] = {}
+        placed: dict[int, str] = {}
+        for rank in sorted(ranks):
+            ray.kill(self.workers[rank], no_restart=True)
+            self.forget_rank(rank)
+            freed = self.bundle_of[rank]
+            spare = self.take_spare(rank)
+            if spare is not None:
+                self.workers[rank], self.bundle_of[rank] = spare
+                used_spares[rank] = spare[1]
+                self.start_spare(self.usable_bundle(freed))
+            else:
+                self.bundle_of[rank] = self.usable_bundle(freed)
+                self.workers[rank] = self.create_worker(rank, self.bundle_of[rank])
+            placed[rank] = (
+                "spare"
+                if spare
+                else ("bundle" if self.bundle_of[rank] is not None else "healthy node")
+            )
+        return used_spares, placed
+
+    def move(self, ranks: list[int]) -> list[int]:
+        """Start `ranks` again on healthy nodes; a rank with no room on one within
+        failure.replacement_timeout_s stays where it is. Returns the ranks moved."""
+        old = {r: (self.workers[r], self.worker_info[r], self.bundle_of[r]) for r in ranks}
+        for rank in ranks:
+            self.workers[rank] = self.create_worker(rank, None)
+        missing = self.await_ready(
+            ranks, self.spec.failure.replacement_timeout_s, allow_missing=True
+        )
+        for rank in ranks:
+            if rank in missing:
+                ray.kill(self.workers[rank], no_restart=True)
+                self.workers[rank], self.worker_info[rank], self.bundle_of[rank] = old[rank]
+            else:
+                ray.kill(old[rank][0], no_restart=True)
+                self.bundle_of[rank] = None
+        moved = [r for r in ranks if r not in missing]
+        if moved:
+            self._emit(
+                "preflight_moved",
+                ranks={r: self.worker_info[r]["node_id"] for r in moved},
+                reason="their nodes failed preflight",
+            )
+        if missing:
+            self._emit(
+                "preflight_kept",
+                ranks=missing,
+                reason="their nodes failed preflight, but no healthy node had room within "
+                f"failure.replacement_timeout_s={self.spec.failure.replacement_timeout_s}; "
+                "they stay (the node stays cordoned for new ranks)",
+            )
+        return moved
+
+    def drop(self, ranks: list[int]) -> None:
+        """Stop `ranks` for good (an elastic shrink)."""
+        for rank in ranks:
+            ray.kill(self.workers.pop(rank), no_restart=True)
+            self.worker_info.pop(rank, None)
+            self.bundle_of.pop(rank, None)
+
+    def renumber(self, mapping: dict[int, int]) -> None:
+        """Ranks old -> new (an elastic shrink keeps them 0..n-1)."""
+        self.workers = {mapping[r]: a for r, a in self.workers.items()}
+        self.worker_info = {
+            mapping[r]: {**i, "rank": mapping[r]} for r, i in self.worker_info.items()
+        }
+        self.bundle_of = {mapping[r]: b for r, b in self.bundle_of.items()}
+        self.world = len(self.workers)
+
+    def used_bundles(self) -> set[int]:
+        """Slots a rank or a spare uses."""
+        used = {b for b in self.bundle_of.values() if b is not None}
+        return used | {b for _, b, _ in self.spares} | {b for _, b in self.spares_starting.values()}
+
+    # --- the end ----------------------------------------------------------------------------
+
+    def teardown(self, others: list[Any] = ()) -> None:
+        """Stop every worker, spare and (`others`) idle worker, close the agents (they
+        delete their shared-memory files; one that is gone took them with its node) and
+        give the room back."""
+        spares = [s[0] for s in self.spares] + [a for a, _ in self.spares_starting.values()]
+        for worker in [*self.workers.values(), *spares, *others]:
+            ray.kill(worker, no_restart=True)
+        closing = [agent.close.remote() for agent in self.agents.values()]
+        ray.wait(closing, num_returns=len(closing), timeout=10)
+        for agent in self.agents.values():
+            ray.kill(agent, no_restart=True)
+        self.slots.close()
+
+
+def actor_error_text(e: BaseException) -> str:
+    text = str(e).strip()
+    # Ray's message repeats the actor's whole creation traceback; the last lines carry it.
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return "\n".join(lines[-12:])
