@@ -115,7 +115,7 @@ def _spec(name: str, size: float, width: int, batch: int, steps: int, workers: i
         "config": {"state_mb": size, "width": width, "batch": batch},
         "chaos": {"faults": []},
     }
-    from orchestrator.spec import set_path
+    from stalwart.orchestrator.spec import set_path
 
     for key, value in kw.items():
         set_path(spec, key.split("__"), value)
@@ -158,8 +158,8 @@ def _meminfo() -> dict[str, int]:
 
 
 def _run(address: str, spec: dict, out: Path) -> dict:
-    from orchestrator.driver import RunOptions, run_job
-    from orchestrator.spec import validate
+    from stalwart.orchestrator.driver import RunOptions, run_job
+    from stalwart.orchestrator.spec import validate
 
     with _MemoryPeak() as mem:
         result = run_job(

@@ -93,9 +93,9 @@ if str(REPO) not in sys.path:
 
 import ray  # noqa: E402
 
-from orchestrator.spec import HealthSpec  # noqa: E402
-from orchestrator.supervisor.monitor import HealthMonitor  # noqa: E402
-from orchestrator.supervisor.poller import ReportPoller  # noqa: E402
+from stalwart.orchestrator.spec import HealthSpec  # noqa: E402
+from stalwart.orchestrator.supervisor.monitor import HealthMonitor  # noqa: E402
+from stalwart.orchestrator.supervisor.poller import ReportPoller  # noqa: E402
 
 DEFAULT_OUT = REPO / "bench" / "control_plane_results.json"
 DEFAULT_SIZES = (1024, 4096, 16384)

@@ -22,7 +22,7 @@ import time
 
 from prometheus_client import generate_latest
 
-from orchestrator.observe.metrics import JobMetrics
+from stalwart.orchestrator.observe.metrics import JobMetrics
 
 GPUS_PER_NODE = 8
 

@@ -106,7 +106,7 @@ def _train_step(
     model: Any, optimizer: Any, step: int, rank: int, wl: dict[str, Any], cfg: Any
 ) -> float:
     """One step of the quickstart's loop (examples/gpt/train.py), for the peers' workers."""
-    from examples.gpt.model import loss_fn, synthetic_batch
+    from stalwart.examples.gpt.model import loss_fn, synthetic_batch
 
     inputs, targets = synthetic_batch(step, rank, wl["batch"], cfg, wl["seed"])
     optimizer.zero_grad(set_to_none=True)
@@ -186,7 +186,7 @@ def _step_stats(starts: list[float], warmup: int) -> dict[str, Any] | None:
 
 def _workload() -> dict[str, Any]:
     """The quickstart's model, batch, lr and seed, read from its job spec."""
-    from orchestrator.spec import load_spec
+    from stalwart.orchestrator.spec import load_spec
 
     spec = load_spec(SPEC_PATH)
     return {
@@ -226,7 +226,7 @@ def stalwart_timed_loop(ctx: Any) -> None:
 
     Used as the steady-state job's entrypoint (loaded by file path in the workers).
     """
-    from examples.gpt.train import train_loop
+    from stalwart.examples.gpt.train import train_loop
 
     timed = _TimedContext(ctx, int(ctx.config.get("bench_warmup", 0)))
     train_loop(timed)
@@ -245,8 +245,8 @@ def phase_stalwart(
     every: int | None = None,
     spares: int | None = None,
 ) -> dict[str, Any]:
-    from orchestrator.driver import RunOptions, run_job
-    from orchestrator.spec import load_spec
+    from stalwart.orchestrator.driver import RunOptions, run_job
+    from stalwart.orchestrator.spec import load_spec
 
     timing = work / "stalwart-steps"
     timing.mkdir(exist_ok=True)
@@ -339,8 +339,8 @@ def _raytrain_loop(config: dict[str, Any]) -> None:
     from ray.train import Checkpoint
     from ray.train.torch import prepare_model
 
-    from examples.gpt.model import GPT, GPTConfig
-    from orchestrator.worker.context import seed_all  # the seeding stalwart's workers do
+    from stalwart.examples.gpt.model import GPT, GPTConfig
+    from stalwart.orchestrator.worker.context import seed_all  # the seeding stalwart's workers do
 
     entered = time.time()
     torch.set_num_threads(1)
@@ -620,8 +620,8 @@ def _ddp_worker(
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from examples.gpt.model import GPT, GPTConfig
-    from orchestrator.worker.context import seed_all  # the seeding stalwart's workers do
+    from stalwart.examples.gpt.model import GPT, GPTConfig
+    from stalwart.orchestrator.worker.context import seed_all  # the seeding stalwart's workers do
 
     imported = time.time()
     torch.set_num_threads(1)

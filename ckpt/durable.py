@@ -59,7 +59,7 @@ import torch
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from ckpt.snapshot import Snapshot, TensorMeta
+from stalwart.ckpt.snapshot import Snapshot, TensorMeta
 
 log = logging.getLogger(__name__)
 

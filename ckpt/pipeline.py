@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt.snapshot import Snapshot, SnapshotBuffer
+from stalwart.ckpt.snapshot import Snapshot, SnapshotBuffer
 
 
 @dataclass

@@ -148,6 +148,9 @@ class _SkeletonUnpickler(pickle.Unpickler):
     """Skeletons hold containers, numbers, strings and TensorRefs; refuse anything else."""
 
     _ALLOWED = {
+        ("stalwart.ckpt.snapshot", "TensorRef"),
+        # The name before stalwart's packages moved under `stalwart.` (durable checkpoints
+        # written by 0.1 releases name it so).
         ("ckpt.snapshot", "TensorRef"),
         ("builtins", "set"),
         ("builtins", "frozenset"),
@@ -158,7 +161,7 @@ class _SkeletonUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str):
         if (module, name) in self._ALLOWED:
-            return super().find_class(module, name)
+            return TensorRef if name == "TensorRef" else super().find_class(module, name)
         raise pickle.UnpicklingError(f"checkpoint skeleton refers to {module}.{name}, refused")
 
 

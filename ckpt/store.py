@@ -19,7 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ckpt.snapshot import Snapshot
+from stalwart.ckpt.snapshot import Snapshot
 
 
 @dataclass(frozen=True)

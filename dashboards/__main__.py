@@ -1,4 +1,4 @@
-"""python -m dashboards [DIR]: write the dashboards' JSON (default dashboards/grafana/)."""
+"""python -m stalwart.dashboards [DIR]: write the dashboards' JSON (default dashboards/grafana/)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from dashboards.definitions import ALL
+from stalwart.dashboards.definitions import ALL
 
 HERE = Path(__file__).resolve().parent
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards.grafana import JOB, Panel, Row, Target, build
+from stalwart.dashboards.grafana import JOB, Panel, Row, Target, build
 
 HEATMAP = {"calculate": False, "yAxis": {"unit": "none"}, "cellGap": 1}
 RATE = "[$__rate_interval]"

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from dashboards.__main__ import render
+from stalwart.dashboards.__main__ import render
 
 FOLDER = "stalwart"
 TOKEN_ENV = "GRAFANA_TOKEN"
@@ -260,6 +260,13 @@ def push(
     if not isinstance(token, Token):
         token = Token(token, "the token")
     boards = [json.loads(text) for text in render().values()]
+    try:
+        import grafana_client  # noqa: F401
+    except ModuleNotFoundError:
+        raise ConfigError(
+            "stalwart dashboards push talks to Grafana through grafana-client, which is not "
+            "installed: pip install 'stalwart[grafana]'"
+        ) from None
     grafana = _Grafana(target, token, timeout)
     try:
         settings = grafana.call("GET /api/frontend/settings", dict, grafana.frontend_settings)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from health.observations import FailureKind
+from stalwart.health.observations import FailureKind
 
 # Transport failures of a collective, as gloo and NCCL word them.
 COMM_MARKERS = (

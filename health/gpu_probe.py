@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Protocol
 
-from health.xid import GpuReading
+from stalwart.health.xid import GpuReading
 
 
 class GpuProbe(Protocol):

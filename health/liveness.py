@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from health.observations import NodeView, RankView
+from stalwart.health.observations import NodeView, RankView
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from health.cordon import flapping_nodes
-from health.observations import CORDONING, Budget, FailureClass, FailureKind, WorkerFailure
+from stalwart.health.cordon import flapping_nodes
+from stalwart.health.observations import CORDONING, Budget, FailureClass, FailureKind, WorkerFailure
 
 
 class Action(enum.Enum):

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from health.observations import Budget
-from health.policy import Action, Decision
+from stalwart.health.observations import Budget
+from stalwart.health.policy import Action, Decision
 
 
 @dataclass(frozen=True)

@@ -5,18 +5,20 @@ from __future__ import annotations
 import json
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 
 import click
 from rich.console import Console
 
-from orchestrator.cli_conventions import (
+from stalwart.orchestrator.cli_conventions import (
     EXIT_CANCELLED,
     EXIT_FAILED,
     EXIT_USAGE,
     format_option,
 )
-from orchestrator.spec import SpecError, json_schema, load_spec
+from stalwart.orchestrator.compat import UnsupportedDependency
+from stalwart.orchestrator.spec import SpecError, json_schema, load_spec
 
 STATUS_WATCH_S = 1.0  # how often `stalwart status --watch` asks
 
@@ -108,15 +110,15 @@ def run(
     resume: str,
 ) -> None:
     """Train the job in FILE, recovering from failures, and print a summary."""
-    from orchestrator.driver import (
+    from stalwart.orchestrator.driver import (
         ClusterUnreachable,
         JobAlreadyRunning,
         RunOptions,
         SupervisorLost,
         run_job,
     )
-    from orchestrator.observe.progress import ProgressView, print_summary
-    from orchestrator.worker.entrypoint import EntrypointError, load_entrypoint
+    from stalwart.orchestrator.observe.progress import ProgressView, print_summary
+    from stalwart.orchestrator.worker.entrypoint import EntrypointError, load_entrypoint
 
     err = Console(stderr=True)
     spec = _load(file, overrides, err)
@@ -147,7 +149,7 @@ def run(
             )
             with ProgressView(console, spec.name) as view:
                 result = run_job(spec, opts, on_progress=view.update)
-    except (ClusterUnreachable, JobAlreadyRunning) as e:
+    except (ClusterUnreachable, JobAlreadyRunning, UnsupportedDependency) as e:
         err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)
     except SupervisorLost as e:
@@ -160,16 +162,57 @@ def run(
     sys.exit({"succeeded": 0, "cancelled": EXIT_CANCELLED}.get(result["status"], EXIT_FAILED))
 
 
+@main.command()
+@_set_option
+@click.option(
+    "--output",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="run directory for result.json and events.jsonl (default runs/quickstart-TIME)",
+)
+@format_option("json: print result.json to stdout")
+@click.option("--num-cpus", type=int, default=None, help="logical CPUs of the embedded Ray")
+@click.option(
+    "--show", is_flag=True, help="print the quickstart's job spec (a starting point) and exit"
+)
+@click.pass_context
+def quickstart(
+    ctx: click.Context,
+    overrides: tuple[str, ...],
+    output: str | None,
+    fmt: str,
+    num_cpus: int | None,
+    show: bool,
+) -> None:
+    """Train the packaged quickstart on an embedded local Ray: a small GPT on 4 workers, rank 1
+    killed at step 60 and recovered from the in-memory checkpoint. Runs from any directory."""
+    spec = resources.files("stalwart.examples").joinpath("quickstart.yaml")
+    if show:
+        click.echo(spec.read_text(), nl=False)
+        return
+    with resources.as_file(spec) as path:
+        ctx.invoke(
+            run,
+            file=str(path),
+            overrides=overrides,
+            address=None,
+            output=output,
+            fmt=fmt,
+            num_cpus=num_cpus,
+            resume="auto",
+        )
+
+
 def _supervisor(address: str, job: str, err: Console):
     """Running job `job`'s supervisor on the cluster at `address` (Ray stays connected:
     the caller shuts it down), or exit 2 with the reason."""
     from rich.markup import escape
 
-    from orchestrator.driver import ClusterUnreachable, find_supervisor
+    from stalwart.orchestrator.driver import ClusterUnreachable, find_supervisor
 
     try:
         return find_supervisor(address, job)
-    except (ClusterUnreachable, LookupError) as e:
+    except (ClusterUnreachable, LookupError, UnsupportedDependency) as e:
         err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)
 
@@ -195,7 +238,7 @@ def status(job: str, address: str, fmt: str, watch: bool) -> None:
     running job's name, or a run directory (its result.json: the job has ended)."""
     from rich.markup import escape
 
-    from orchestrator.observe.progress import print_summary, status_line
+    from stalwart.orchestrator.observe.progress import print_summary, status_line
 
     err = Console(stderr=True)
     console = Console()
@@ -271,8 +314,8 @@ def report(run_dir: str, output: str | None, fmt: str) -> None:
     """Render PNG figures and an HTML page from RUN_DIR's events.jsonl and result.json."""
     from rich.markup import escape
 
-    from orchestrator.observe.report import build_report
-    from orchestrator.observe.rundir import ReportError
+    from stalwart.orchestrator.observe.report import build_report
+    from stalwart.orchestrator.observe.rundir import ReportError
 
     err = Console(stderr=True)
     try:
@@ -323,7 +366,7 @@ def uncordon(node: str, job: str, address: str) -> None:
         ray.shutdown()
 
 
-from orchestrator.cli_dashboards import dashboards as _dashboards  # noqa: E402
+from stalwart.orchestrator.cli_dashboards import dashboards as _dashboards  # noqa: E402
 
 main.add_command(_dashboards)
 

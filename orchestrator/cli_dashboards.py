@@ -16,8 +16,8 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from dashboards.provision import DEFAULT_TIMEOUT_S, FOLDER
-from orchestrator.cli_conventions import EXIT_FAILED, EXIT_USAGE, format_option
+from stalwart.dashboards.provision import DEFAULT_TIMEOUT_S, FOLDER
+from stalwart.orchestrator.cli_conventions import EXIT_FAILED, EXIT_USAGE, format_option
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -51,7 +51,7 @@ def dashboards() -> None:
 def export_command(directory: str, folder: str, grafana_path: str | None, fmt: str) -> None:
     """Write the four dashboards' JSON and a Grafana file-provisioning YAML
     (stalwart-dashboards.yaml, a file provider for DIR) into DIR."""
-    from dashboards.provision import ProvisionError, export
+    from stalwart.dashboards.provision import ProvisionError, export
 
     try:
         done = export(directory, folder=folder, grafana_path=grafana_path)
@@ -119,7 +119,7 @@ def push_command(
     The token (a service account token with the Editor role) comes from $GRAFANA_TOKEN or
     from --token-file, which wins when both are given. It is never printed.
     """
-    from dashboards.provision import ConfigError, ProvisionError, push, read_token
+    from stalwart.dashboards.provision import ConfigError, ProvisionError, push, read_token
 
     if not grafana_url:
         _fail("no Grafana URL: pass --grafana-url URL or set GRAFANA_URL", EXIT_USAGE)

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from orchestrator.spec import JobSpec
+from stalwart.orchestrator.compat import require_ray
+from stalwart.orchestrator.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ def find_supervisor(address: str, job: str, timeout: float = 10.0) -> Any:
     The caller shuts Ray down. LookupError when no such job runs there."""
     import ray
 
+    require_ray()
     _attach(address, timeout)
     try:
         return ray.get_actor(f"stalwart-{job}", namespace="stalwart")
@@ -94,6 +96,7 @@ def find_supervisor(address: str, job: str, timeout: float = 10.0) -> Any:
 def connect(address: str | None, spec: JobSpec, num_cpus: int | None, timeout: float) -> str:
     import ray
 
+    require_ray()
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         _attach(address, timeout)
@@ -123,7 +126,7 @@ def run_job(
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from orchestrator.supervisor.actor import JobSupervisor
+    from stalwart.orchestrator.supervisor.actor import JobSupervisor
 
     out = Path(opts.output)
     out.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ if ! command -v promtool >/dev/null; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq prometheus >/dev/null
 fi
-EXTRAS='[test]' . scripts/venv.sh
+EXTRAS='[test,report,grafana]' . scripts/venv.sh
 ruff check .
 ruff format --check .
 set +e

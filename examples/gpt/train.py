@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from examples.gpt.model import GPT, GPTConfig, loss_fn, synthetic_batch
+from stalwart.examples.gpt.model import GPT, GPTConfig, loss_fn, synthetic_batch
 
 
 def train_loop(ctx) -> None:

@@ -6,7 +6,7 @@ recovered rank k restores exactly rank k's shard from its own node, a peer's mem
 storage. Gradients are averaged by prepare_model's DDP as usual; after each step every rank
 broadcasts the parameters it updated.
 
-Run it with `--set entrypoint=examples.gpt.train_zero:train_loop`. Keep `workers` fixed:
+Run it with `--set entrypoint=stalwart.examples.gpt.train_zero:train_loop`. Keep `workers` fixed:
 stalwart does not reshard optimizer state across world sizes.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from examples.gpt.model import GPT, GPTConfig, loss_fn, synthetic_batch
+from stalwart.examples.gpt.model import GPT, GPTConfig, loss_fn, synthetic_batch
 
 
 def train_loop(ctx) -> None:

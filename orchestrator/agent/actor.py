@@ -15,12 +15,12 @@ import threading
 import time
 from typing import Any
 
-from ckpt.durable import DurableStore, open_store
-from ckpt.snapshot import Snapshot
-from ckpt.store import MemoryShardStore, ShardInfo, ShmShardStore
-from health.gpu_probe import FakeGpuProbe, GpuProbe, make_probe
-from health.xid import GpuReading
-from orchestrator.agent.replication import Replicator
+from stalwart.ckpt.durable import DurableStore, open_store
+from stalwart.ckpt.snapshot import Snapshot
+from stalwart.ckpt.store import MemoryShardStore, ShardInfo, ShmShardStore
+from stalwart.health.gpu_probe import FakeGpuProbe, GpuProbe, make_probe
+from stalwart.health.xid import GpuReading
+from stalwart.orchestrator.agent.replication import Replicator
 
 SHM_ROOT = "/dev/shm/stalwart"
 # An agent no supervisor has called for this long exits (a supervisor polls it several

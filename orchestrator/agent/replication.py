@@ -20,7 +20,7 @@ from typing import Any
 
 import ray
 
-from ckpt.store import ShardStore
+from stalwart.ckpt.store import ShardStore
 
 SEND_TIMEOUT_S = 60.0
 

@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from health.observations import FailureKind, WorkerFailure
-from orchestrator.spec import Fault
+from stalwart.health.observations import FailureKind, WorkerFailure
+from stalwart.orchestrator.spec import Fault
 
 NODE_FAULTS = ("kill_node", "gpu_xid")  # faults that hit the node hosting the rank
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.observe.metric_defs import TERMINAL_STATES
-from orchestrator.observe.metrics import Downtime
+from stalwart.orchestrator.observe.metric_defs import TERMINAL_STATES
+from stalwart.orchestrator.observe.metrics import Downtime
 
 PHASES = ("detect", "decide", "abort", "replace", "rendezvous", "reenter", "restore", "first_step")
 

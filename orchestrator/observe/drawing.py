@@ -15,7 +15,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.transforms import blended_transform_factory
 
-from orchestrator.observe.analysis import Timeline
+from stalwart.orchestrator.observe.analysis import Timeline
 
 DPI = 110
 FAULT_COLOR = "#d62728"

@@ -15,8 +15,8 @@ from matplotlib.colors import LogNorm
 from matplotlib.ticker import FixedLocator, NullLocator
 from matplotlib.transforms import blended_transform_factory
 
-from orchestrator.observe.analysis import Timeline, fmt_secs
-from orchestrator.observe.drawing import (
+from stalwart.orchestrator.observe.analysis import Timeline, fmt_secs
+from stalwart.orchestrator.observe.drawing import (
     FAULT_COLOR,
     MARKER_STYLE,
     NOTE_COLOR,
@@ -32,7 +32,7 @@ from orchestrator.observe.drawing import (
     tex,
     x_limits,
 )
-from orchestrator.observe.rank_times import Heatmap
+from stalwart.orchestrator.observe.rank_times import Heatmap
 
 HEATMAP_ROWS = 64  # rank rows the heatmap draws at most: the most straggler-like when more
 FIGURES = (

@@ -11,8 +11,8 @@ from typing import Any
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from orchestrator.observe.analysis import PHASES, Goodput, Timeline, fmt_secs, num
-from orchestrator.observe.drawing import (
+from stalwart.orchestrator.observe.analysis import PHASES, Goodput, Timeline, fmt_secs, num
+from stalwart.orchestrator.observe.drawing import (
     FAULT_COLOR,
     PERSIST_COLOR,
     draw_events,

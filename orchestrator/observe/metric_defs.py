@@ -2,10 +2,10 @@
 
 `DEFINITIONS` is the one place where they live: the exporter (orchestrator/observe/metrics.py)
 builds its metrics from it, the dashboards and alert rules are tested against it, and
-docs/metrics.md is generated from it
-(``python -m orchestrator.observe.metric_defs > docs/metrics.md``; a unit test keeps the file
-current). Kept apart from the exporter: what needs only the definitions (the docs, the tests of
-the dashboards and alert rules) imports no prometheus-client.
+docs/metrics.md is generated from it (``python -m stalwart.orchestrator.observe.metric_defs >
+docs/metrics.md``; a unit test keeps the file current). Kept apart from the exporter: what needs
+only the definitions (the docs, the tests of the dashboards and alert rules) imports no
+prometheus-client.
 
 Conventions: the ``stalwart_`` prefix, base units in names (seconds, bytes), ``_total`` on
 counters, a ``train_job`` label on every series (not ``job``: Prometheus sets ``job`` to
@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from orchestrator.state import JobState
+from stalwart.orchestrator.state import JobState
 
 JOB_STATES = tuple(s.value for s in JobState)
 TERMINAL_STATES = tuple(s.value for s in JobState if s.terminal)
@@ -240,7 +240,7 @@ def render_docs() -> str:
         "# Metrics",
         "",
         "Generated from `orchestrator/observe/metric_defs.py` "
-        "(`python -m orchestrator.observe.metric_defs > docs/metrics.md`); "
+        "(`python -m stalwart.orchestrator.observe.metric_defs > docs/metrics.md`); "
         "tests/unit/test_metrics.py fails when this file is stale.",
         "",
         "The supervisor serves them at `http://METRICS_HOST:PORT/metrics` (`metrics.host`, "

@@ -21,9 +21,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from health.observations import FailureKind
-from orchestrator.observe.histogram import BatchHistogram
-from orchestrator.observe.metric_defs import (
+from stalwart.health.observations import FailureKind
+from stalwart.orchestrator.observe.histogram import BatchHistogram
+from stalwart.orchestrator.observe.metric_defs import (
     DEFINITIONS,
     GPU_GAUGES,
     JOB_STATES,

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.observe.analysis import as_int, job_start, num
+from stalwart.orchestrator.observe.analysis import as_int, job_start, num
 
 
 @dataclass

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.observe.analysis import (
+from stalwart.orchestrator.observe.analysis import (
     Goodput,
     Timeline,
     as_int,
@@ -26,8 +26,8 @@ from orchestrator.observe.analysis import (
     num,
     timeline,
 )
-from orchestrator.observe.rank_times import heatmap
-from orchestrator.observe.rundir import ReportError, load_run
+from stalwart.orchestrator.observe.rank_times import heatmap
+from stalwart.orchestrator.observe.rundir import ReportError, load_run
 
 
 @dataclass
@@ -175,7 +175,15 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Repo
         raise ReportError(f"{out}: cannot create the report directory ({e})") from e
     result = run.result
     name = str((result or {}).get("name") or run.run_dir.name)
-    from orchestrator.observe import figures, figures_costs  # matplotlib: only to draw
+    try:
+        from stalwart.orchestrator.observe import figures, figures_costs  # matplotlib: to draw
+    except ModuleNotFoundError as e:
+        if (e.name or "").partition(".")[0] != "matplotlib":
+            raise
+        raise ReportError(
+            "stalwart report draws its figures with matplotlib, which is not installed: "
+            "pip install 'stalwart[report]'"
+        ) from None
 
     redone = as_int((result or {}).get("lost_steps_total"))
     exporter = num((result or {}).get("goodput"))

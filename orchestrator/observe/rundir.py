@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.observe.analysis import num
+from stalwart.orchestrator.observe.analysis import num
 
 
 class ReportError(Exception):

@@ -21,23 +21,23 @@ from typing import Any
 
 import ray
 
-from ckpt.durable import Manifest
-from health.observations import FailureKind, WorkerFailure
-from health.policy import Action, Decision, decide
-from orchestrator.chaos.faults import FaultBook
-from orchestrator.events import EventLog
-from orchestrator.observe.metrics import JobMetrics
-from orchestrator.spec import JobSpec
-from orchestrator.state import JobState, StateMachine, Transition
-from orchestrator.supervisor.checkpoints import Checkpoints
-from orchestrator.supervisor.detect import Detection
-from orchestrator.supervisor.elastic import Elastic
-from orchestrator.supervisor.generation import Generation
-from orchestrator.supervisor.ledger import Ledger
-from orchestrator.supervisor.pool import WorkerPool
-from orchestrator.supervisor.preflight import Preflight
-from orchestrator.supervisor.recovery import Recovering, Recovery
-from orchestrator.supervisor.resources import SchedulingError
+from stalwart.ckpt.durable import Manifest
+from stalwart.health.observations import FailureKind, WorkerFailure
+from stalwart.health.policy import Action, Decision, decide
+from stalwart.orchestrator.chaos.faults import FaultBook
+from stalwart.orchestrator.events import EventLog
+from stalwart.orchestrator.observe.metrics import JobMetrics
+from stalwart.orchestrator.spec import JobSpec
+from stalwart.orchestrator.state import JobState, StateMachine, Transition
+from stalwart.orchestrator.supervisor.checkpoints import Checkpoints
+from stalwart.orchestrator.supervisor.detect import Detection
+from stalwart.orchestrator.supervisor.elastic import Elastic
+from stalwart.orchestrator.supervisor.generation import Generation
+from stalwart.orchestrator.supervisor.ledger import Ledger
+from stalwart.orchestrator.supervisor.pool import WorkerPool
+from stalwart.orchestrator.supervisor.preflight import Preflight
+from stalwart.orchestrator.supervisor.recovery import Recovering, Recovery
+from stalwart.orchestrator.supervisor.resources import SchedulingError
 
 log = logging.getLogger(__name__)
 
@@ -268,6 +268,8 @@ class JobSupervisor:
             self.ckpt.maybe_persist(self.sm.state is JobState.RUNNING, self._step())
         if self.pending:
             self._handle_failures()
+            if self.sm.state is JobState.RECOVERING:
+                return  # the next tick recovers, before anything else (a metrics refresh)
         elif self.gen.done:
             self._finish()
         # At 16,384 ranks a refresh costs ~0.3 s: spacing refreshes by 1/METRICS_DUTY of

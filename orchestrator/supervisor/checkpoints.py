@@ -16,14 +16,14 @@ from typing import Any
 
 import ray
 
-from ckpt import holdings
-from ckpt.commit import CommitTracker
-from ckpt.durable import CorruptCheckpoint, DurableError, Manifest
-from orchestrator.spec import JobSpec
-from orchestrator.supervisor.persist import Persister
-from orchestrator.supervisor.pool import WorkerPool
-from orchestrator.supervisor.replica_plan import ReplicaPlan
-from orchestrator.supervisor.resources import SchedulingError
+from stalwart.ckpt import holdings
+from stalwart.ckpt.commit import CommitTracker
+from stalwart.ckpt.durable import CorruptCheckpoint, DurableError, Manifest
+from stalwart.orchestrator.spec import JobSpec
+from stalwart.orchestrator.supervisor.persist import Persister
+from stalwart.orchestrator.supervisor.pool import WorkerPool
+from stalwart.orchestrator.supervisor.replica_plan import ReplicaPlan
+from stalwart.orchestrator.supervisor.resources import SchedulingError
 
 NEWEST_KEPT = 3  # each rank's newest steps a node's own store keeps beyond the commits
 FINAL_PERSIST_TIMEOUT_S = 300.0  # a finished job waits this long for its last checkpoint

@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from health.observations import Budget, FailureKind, WorkerFailure
-from health.policy import Action
-from health.straggler import straggler_decision
-from orchestrator.observe.metrics import JobMetrics
-from orchestrator.spec import JobSpec
-from orchestrator.supervisor.monitor import HealthMonitor
-from orchestrator.supervisor.poller import ReportPoller
-from orchestrator.supervisor.pool import NODE_PING_TIMEOUT_S, ActorGone, WorkerPool
+from stalwart.health.observations import Budget, FailureKind, WorkerFailure
+from stalwart.health.policy import Action
+from stalwart.health.straggler import straggler_decision
+from stalwart.orchestrator.observe.metrics import JobMetrics
+from stalwart.orchestrator.spec import JobSpec
+from stalwart.orchestrator.supervisor.monitor import HealthMonitor
+from stalwart.orchestrator.supervisor.poller import ReportPoller
+from stalwart.orchestrator.supervisor.pool import NODE_PING_TIMEOUT_S, ActorGone, WorkerPool
 
 if TYPE_CHECKING:
-    from orchestrator.supervisor.checkpoints import Checkpoints
+    from stalwart.orchestrator.supervisor.checkpoints import Checkpoints
 
 RAY_NODES_CHECK_S = 1.0  # how often Ray's node table is read
 STACKS_TIMEOUT_S = 3.0  # a worker answers for its own stacks within this...

@@ -15,12 +15,12 @@ from typing import Any
 
 import ray
 
-from orchestrator.spec import JobSpec
-from orchestrator.supervisor.checkpoints import Checkpoints
-from orchestrator.supervisor.detect import Detection
-from orchestrator.supervisor.ledger import Ledger
-from orchestrator.supervisor.pool import ActorGone, WorkerPool
-from orchestrator.supervisor.preflight import Preflight
+from stalwart.orchestrator.spec import JobSpec
+from stalwart.orchestrator.supervisor.checkpoints import Checkpoints
+from stalwart.orchestrator.supervisor.detect import Detection
+from stalwart.orchestrator.supervisor.ledger import Ledger
+from stalwart.orchestrator.supervisor.pool import ActorGone, WorkerPool
+from stalwart.orchestrator.supervisor.preflight import Preflight
 
 GROW_CHECK_S = 1.0  # how often the workers waiting for room are looked at
 QUIESCE_TIMEOUT_S = 60.0

@@ -18,10 +18,10 @@ from typing import Any
 import ray
 import torch.distributed as dist
 
-from health.classify import classify_death
-from health.observations import FailureKind, WorkerFailure
-from orchestrator.spec import JobSpec
-from orchestrator.supervisor.pool import ActorGone, WorkerPool, actor_error_text
+from stalwart.health.classify import classify_death
+from stalwart.health.observations import FailureKind, WorkerFailure
+from stalwart.orchestrator.spec import JobSpec
+from stalwart.orchestrator.supervisor.pool import ActorGone, WorkerPool, actor_error_text
 
 COLLECTIVE_TIMEOUT_S = 1800.0
 # A worker's outcome -> the failure it stands for (others are communication errors).

@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from health.observations import FailureKind, WorkerFailure
-from health.policy import NODE_CLASSES, per_rank
-from orchestrator.chaos.faults import FaultBook, describe
-from orchestrator.observe.metrics import JobMetrics
-from orchestrator.state import JobState
-from orchestrator.supervisor.monitor import HealthMonitor
+from stalwart.health.observations import FailureKind, WorkerFailure
+from stalwart.health.policy import NODE_CLASSES, per_rank
+from stalwart.orchestrator.chaos.faults import FaultBook, describe
+from stalwart.orchestrator.observe.metrics import JobMetrics
+from stalwart.orchestrator.state import JobState
+from stalwart.orchestrator.supervisor.monitor import HealthMonitor
 
 THROUGHPUT_EVENT_S = 1.0  # how often a throughput event is written
 RANK_TIMES_MAX = 64  # ranks whose step times a throughput event carries, at most

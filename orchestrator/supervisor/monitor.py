@@ -12,11 +12,11 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from health.liveness import Hang, hung_ranks, lost_nodes
-from health.observations import NodeView, RankView
-from health.straggler import StragglerConfig, StragglerReport, straggler_scores
-from health.xid import GpuReading, GpuVerdict, judge_gpus
-from orchestrator.spec import HealthSpec
+from stalwart.health.liveness import Hang, hung_ranks, lost_nodes
+from stalwart.health.observations import NodeView, RankView
+from stalwart.health.straggler import StragglerConfig, StragglerReport, straggler_scores
+from stalwart.health.xid import GpuReading, GpuVerdict, judge_gpus
+from stalwart.orchestrator.spec import HealthSpec
 
 
 @dataclass

@@ -19,8 +19,8 @@ from typing import Any
 
 import ray
 
-from ckpt.durable import DurableError, DurableStore, ShardRecord
-from orchestrator.spec import PersistSpec
+from stalwart.ckpt.durable import DurableError, DurableStore, ShardRecord
+from stalwart.orchestrator.spec import PersistSpec
 
 FAILURE_COOLDOWN_S = 5.0  # after a failed attempt, the next one waits this long
 

@@ -14,7 +14,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from orchestrator.supervisor.monitor import HealthMonitor
+from stalwart.orchestrator.supervisor.monitor import HealthMonitor
 
 
 class ReportPoller:

@@ -21,12 +21,16 @@ from ray.util.scheduling_strategies import (
     NotIn,
 )
 
-from health.cordon import CordonList
-from orchestrator.agent.actor import NodeAgent
-from orchestrator.spec import JobSpec
-from orchestrator.supervisor.resources import SchedulingError, check_capacity, worker_bundle
-from orchestrator.supervisor.slots import Slots, SlotsUnavailable
-from orchestrator.worker.actor import TrainWorker
+from stalwart.health.cordon import CordonList
+from stalwart.orchestrator.agent.actor import NodeAgent
+from stalwart.orchestrator.spec import JobSpec
+from stalwart.orchestrator.supervisor.resources import (
+    SchedulingError,
+    check_capacity,
+    worker_bundle,
+)
+from stalwart.orchestrator.supervisor.slots import Slots, SlotsUnavailable
+from stalwart.orchestrator.worker.actor import TrainWorker
 
 AGENT_PREFIX = "stalwart-agent-"
 NODE_PING_TIMEOUT_S = 1.0  # a dead worker's node must answer this fast to keep its bundle

@@ -11,13 +11,13 @@ from typing import Any
 
 import ray
 
-from health.preflight import PreflightResult, judge_preflight
-from orchestrator.chaos.faults import FaultBook
-from orchestrator.spec import JobSpec
-from orchestrator.supervisor.generation import open_rendezvous
-from orchestrator.supervisor.pool import ActorGone, WorkerPool, actor_error_text
-from orchestrator.supervisor.resources import SchedulingError
-from orchestrator.worker.probes import pair_rounds
+from stalwart.health.preflight import PreflightResult, judge_preflight
+from stalwart.orchestrator.chaos.faults import FaultBook
+from stalwart.orchestrator.spec import JobSpec
+from stalwart.orchestrator.supervisor.generation import open_rendezvous
+from stalwart.orchestrator.supervisor.pool import ActorGone, WorkerPool, actor_error_text
+from stalwart.orchestrator.supervisor.resources import SchedulingError
+from stalwart.orchestrator.worker.probes import pair_rounds
 
 MOVE_ATTEMPTS = 3
 

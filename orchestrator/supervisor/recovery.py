@@ -19,18 +19,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckpt.durable import Manifest
-from health.observations import Budget, FailureKind, WorkerFailure
-from health.policy import Decision
-from orchestrator.spec import JobSpec
-from orchestrator.supervisor.checkpoints import Checkpoints
-from orchestrator.supervisor.detect import Detection
-from orchestrator.supervisor.elastic import Elastic
-from orchestrator.supervisor.generation import Generation
-from orchestrator.supervisor.ledger import Ledger
-from orchestrator.supervisor.pool import NODE_PING_TIMEOUT_S, WorkerPool
-from orchestrator.supervisor.preflight import Preflight
-from orchestrator.supervisor.resources import SchedulingError
+from stalwart.ckpt.durable import Manifest
+from stalwart.health.observations import Budget, FailureKind, WorkerFailure
+from stalwart.health.policy import Decision
+from stalwart.orchestrator.spec import JobSpec
+from stalwart.orchestrator.supervisor.checkpoints import Checkpoints
+from stalwart.orchestrator.supervisor.detect import Detection
+from stalwart.orchestrator.supervisor.elastic import Elastic
+from stalwart.orchestrator.supervisor.generation import Generation
+from stalwart.orchestrator.supervisor.ledger import Ledger
+from stalwart.orchestrator.supervisor.pool import NODE_PING_TIMEOUT_S, WorkerPool
+from stalwart.orchestrator.supervisor.preflight import Preflight
+from stalwart.orchestrator.supervisor.resources import SchedulingError
 
 
 @dataclass

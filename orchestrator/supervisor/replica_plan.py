@@ -13,13 +13,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ckpt.commit import with_copies
-from ckpt.replicas import choose_stride
-from ckpt.replicas import effective as effective_copies
-from ckpt.replicas import groups as replica_groups
-from ckpt.replicas import peers as replica_peers
-from orchestrator.spec import CheckpointSpec
-from orchestrator.supervisor.pool import WorkerPool
+from stalwart.ckpt.commit import with_copies
+from stalwart.ckpt.replicas import choose_stride
+from stalwart.ckpt.replicas import effective as effective_copies
+from stalwart.ckpt.replicas import groups as replica_groups
+from stalwart.ckpt.replicas import peers as replica_peers
+from stalwart.orchestrator.spec import CheckpointSpec
+from stalwart.orchestrator.supervisor.pool import WorkerPool
 
 REPLICATE_PER_S = 4.0  # copies to peers at most this often (thinned to a grid of steps)
 REPLICATION_ALIGN_S = 1.0  # no commit for this long: name the step every agent sends

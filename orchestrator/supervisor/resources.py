@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.spec import JobSpec
+from stalwart.orchestrator.spec import JobSpec
 
 
 class SchedulingError(RuntimeError):

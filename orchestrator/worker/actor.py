@@ -22,17 +22,17 @@ import ray
 import torch
 import torch.distributed as dist
 
-from ckpt.durable import open_store
-from ckpt.pipeline import SnapshotPipeline
-from ckpt.snapshot import Snapshot
-from health.classify import classify_exception
-from health.observations import FailureKind
-from orchestrator.chaos import actions as chaos
-from orchestrator.spec import JobSpec
-from orchestrator.worker import probes as preflight
-from orchestrator.worker.collective import ElasticGroup, GroupAborted, make_ddp
-from orchestrator.worker.context import TrainContext
-from orchestrator.worker.entrypoint import load_entrypoint
+from stalwart.ckpt.durable import open_store
+from stalwart.ckpt.pipeline import SnapshotPipeline
+from stalwart.ckpt.snapshot import Snapshot
+from stalwart.health.classify import classify_exception
+from stalwart.health.observations import FailureKind
+from stalwart.orchestrator.chaos import actions as chaos
+from stalwart.orchestrator.spec import JobSpec
+from stalwart.orchestrator.worker import probes as preflight
+from stalwart.orchestrator.worker.collective import ElasticGroup, GroupAborted, make_ddp
+from stalwart.orchestrator.worker.context import TrainContext
+from stalwart.orchestrator.worker.entrypoint import load_entrypoint
 
 HEARTBEAT_INTERVAL_S = 0.25  # at least this often
 HEARTBEAT_MIN_GAP_S = 0.05  # at most this often: a step's end sends one early

@@ -21,8 +21,8 @@ abortable: they fail at once when a peer process dies (its sockets close), and a
 in one past ``failure.abort_timeout_s`` is stopped and replaced. The previous generation's
 group leaves torch's registry without ``shutdown()`` (that would join its possibly blocked
 threads). This uses two private torch.distributed helpers (``_register_pg_in_world``,
-``_cleanup_process_group_global_state``; torch is pinned, and tests/unit/test_collective_world.py
-fails on an upgrade that changes them).
+``_cleanup_process_group_global_state``; orchestrator/compat.py checks them at import, and
+tests/unit/test_collective_world.py fails on an upgrade that changes their behaviour).
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+
+from stalwart.orchestrator.compat import require_torch
+
+require_torch()  # the private helpers below: a clear error now, not in a recovery
 
 _names = itertools.count()
 

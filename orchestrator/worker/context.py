@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ckpt.pipeline import SnapshotPipeline
-from ckpt.sharded import rank_local_view
-from ckpt.snapshot import Snapshot, restore, state_digest
-from orchestrator.worker.collective import ElasticGroup, GroupAborted, make_ddp, solo_group
+from stalwart.ckpt.pipeline import SnapshotPipeline
+from stalwart.ckpt.sharded import rank_local_view
+from stalwart.ckpt.snapshot import Snapshot, restore, state_digest
+from stalwart.orchestrator.worker.collective import ElasticGroup, GroupAborted, make_ddp, solo_group
 
 RECENT_STEPS = 32
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from orchestrator.worker.collective import _wrap_backend
+from stalwart.orchestrator.worker.collective import _wrap_backend
 
 ALLREDUCE_ELEMENTS = 256 * 1024  # 1 MiB of float32
 ALLREDUCE_REPEATS = 5

@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from orchestrator.driver import RunOptions, run_job
-from orchestrator.spec import set_path, validate
+from stalwart.orchestrator.driver import RunOptions, run_job
+from stalwart.orchestrator.spec import set_path, validate
 
 REPO = Path(__file__).resolve().parents[2]
 
 # A smaller model than the quickstart's, so each job takes seconds on two cores.
 SMALL = {
     "name": "ct",
-    "entrypoint": "examples.gpt.train:train_loop",
+    "entrypoint": "stalwart.examples.gpt.train:train_loop",
     "workers": 4,
     "resources": {"cpu": 1},
     "steps": 40,
@@ -68,7 +68,7 @@ def stalwart_cli(
     if address is not None:
         env["RAY_ADDRESS"] = address
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
+        [sys.executable, "-m", "stalwart.orchestrator.cli", *args],
         cwd=REPO,
         env=env,
         capture_output=True,

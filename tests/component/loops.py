@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from examples.gpt.train import train_loop as gpt_loop
+from stalwart.examples.gpt.train import train_loop as gpt_loop
 
 
 class DataCorrupted(ValueError):

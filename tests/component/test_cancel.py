@@ -31,7 +31,15 @@ def test_ctrl_c_cancels_and_reports(tmp_path, ray_address):
     out = tmp_path / "run"
     env = {**os.environ, "RAY_ADDRESS": ray_address}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "run", str(spec_path), "--output", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "stalwart.orchestrator.cli",
+            "run",
+            str(spec_path),
+            "--output",
+            str(out),
+        ],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ckpt.durable import DurableStore
-from ckpt.snapshot import restore
+from stalwart.ckpt.durable import DurableStore
+from stalwart.ckpt.snapshot import restore
 from tests.component.conftest import REPO, events_of, small_spec, stalwart_cli
 from tests.component.multinode import WORKER_NODE_CPUS
 
@@ -173,7 +173,7 @@ def test_driver_sigkill_then_rerun_resumes_from_the_last_durable_step(
     first_out = tmp_path / "first"
     first = subprocess.Popen(
         [
-            *(sys.executable, "-m", "orchestrator.cli", "run", str(job)),
+            *(sys.executable, "-m", "stalwart.orchestrator.cli", "run", str(job)),
             *("--address", multinode.address, "--output", str(first_out), "-o", "json"),
         ],
         cwd=REPO,
@@ -313,7 +313,7 @@ def test_sharded_optimizer_kill_node_restores_each_ranks_own_shard_exactly(
     uri = tmp_path / "durable"
     spec = small_spec(
         name="zero",
-        entrypoint="examples.gpt.train_zero:train_loop",
+        entrypoint="stalwart.examples.gpt.train_zero:train_loop",
         steps=60,
         checkpoint={
             "every_steps": 10,

@@ -286,8 +286,8 @@ def _start(multinode, spec, out):
     """Run `spec` in a thread (the test acts on the job meanwhile); join it to get the result."""
     import threading
 
-    from orchestrator.driver import RunOptions, run_job
-    from orchestrator.spec import validate
+    from stalwart.orchestrator.driver import RunOptions, run_job
+    from stalwart.orchestrator.spec import validate
     from tests.component.conftest import REPO
 
     box: dict = {}

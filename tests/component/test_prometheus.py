@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dashboards.definitions import ALL
-from orchestrator.observe.report import build_report
+from stalwart.dashboards.definitions import ALL
+from stalwart.orchestrator.observe.report import build_report
 from tests.component.conftest import HEAVIER, make_runner, small_spec
 from tests.component.prometheus import Prometheus, free_port
 

@@ -123,5 +123,5 @@ def test_survivor_stuck_outside_collectives_is_replaced(run, baseline):
     assert timeout["rank"] == 0
     [recovered] = [e for e in result["events"] if e["type"] == "recovered"]
     assert recovered["replaced"] == [0, 1]
-    clean = small_spec(entrypoint="examples.gpt.train:train_loop")
+    clean = small_spec(entrypoint="stalwart.examples.gpt.train:train_loop")
     assert result["model_digest"] == baseline(clean)["model_digest"]

@@ -30,7 +30,7 @@ def _states(prefix: str) -> dict[str, str]:
 
 
 def test_reserve_pins_each_slot_and_releases_one_at_a_time(connected):
-    from orchestrator.supervisor.slots import Slots
+    from stalwart.orchestrator.supervisor.slots import Slots
 
     head = connected.get_runtime_context().get_node_id()
     slots = Slots("t-pin")
@@ -58,7 +58,7 @@ def test_reserve_pins_each_slot_and_releases_one_at_a_time(connected):
 
 
 def test_more_than_the_cluster_holds_is_refused_in_time(connected):
-    from orchestrator.supervisor.slots import Slots, SlotsUnavailable
+    from stalwart.orchestrator.supervisor.slots import Slots, SlotsUnavailable
 
     slots = Slots("t-big")
     with pytest.raises(SlotsUnavailable, match=r"could not place 2 bundles of \{'CPU': 1000"):
@@ -68,7 +68,7 @@ def test_more_than_the_cluster_holds_is_refused_in_time(connected):
 
 
 def test_a_successor_removes_the_slots_a_dead_supervisor_left(connected):
-    from orchestrator.supervisor.slots import Slots
+    from stalwart.orchestrator.supervisor.slots import Slots
 
     old = Slots("t-left")
     old.reserve(2, {"CPU": 1.0}, "PACK", timeout_s=30)  # its owner "dies": never closed

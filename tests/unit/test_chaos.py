@@ -14,9 +14,9 @@ from typing import TypeVar
 
 import pytest
 
-from orchestrator.chaos import actions as chaos
-from orchestrator.chaos.actions import carry_out, descendants, raylet_of_this_worker
-from orchestrator.spec import GpuXid, Slow
+from stalwart.orchestrator.chaos import actions as chaos
+from stalwart.orchestrator.chaos.actions import carry_out, descendants, raylet_of_this_worker
+from stalwart.orchestrator.spec import GpuXid, Slow
 
 T = TypeVar("T")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from health.classify import classify_death, classify_exception
-from health.observations import FailureKind
+from stalwart.health.classify import classify_death, classify_exception
+from stalwart.health.observations import FailureKind
 
 # Ray's text for an actor whose process was SIGKILLed: it guesses at OOM but does not know.
 RAY_SIGKILL = (

@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from ckpt.sharded import RankShard, ShardMismatch, rank_local_view
-from orchestrator.worker.collective import ElasticGroup, forget_group, solo_group
+from stalwart.ckpt.sharded import RankShard, ShardMismatch, rank_local_view
+from stalwart.orchestrator.worker.collective import ElasticGroup, forget_group, solo_group
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -175,6 +175,6 @@ def test_forget_group_leaves_torch_uninitialized():
     try:
         assert not dist.is_initialized()
     finally:
-        from orchestrator.worker import collective
+        from stalwart.orchestrator.worker import collective
 
         collective._solo = None  # the next solo_group() installs a fresh one

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckpt.commit import CommitTracker
+from stalwart.ckpt.commit import CommitTracker
 
 
 def test_nothing_committed_initially():
@@ -143,13 +143,13 @@ def test_rollback_below_everything():
 
 
 def test_with_copies_one_copy_is_what_the_own_stores_hold():
-    from ckpt.commit import with_copies
+    from stalwart.ckpt.commit import with_copies
 
     assert with_copies({0: [1, 2], 1: [2]}, [], copies=1) == {0: {1, 2}, 1: {2}}
 
 
 def test_with_copies_counts_distinct_holdings():
-    from ckpt.commit import with_copies
+    from stalwart.ckpt.commit import with_copies
 
     own_a, own_b = {0: [5, 6]}, {1: [5, 6]}  # node A holds rank 0, node B rank 1
     copies_a, copies_b = {1: [5]}, {0: [5, 6]}  # A keeps B's step 5, B keeps A's 5 and 6
@@ -160,7 +160,7 @@ def test_with_copies_counts_distinct_holdings():
 
 
 def test_with_copies_a_lost_holding_uncommits_nothing_already_counted_elsewhere():
-    from ckpt.commit import with_copies
+    from stalwart.ckpt.commit import with_copies
 
     # Three copies wanted; only two holdings left after a node was lost.
     out = with_copies({0: [3]}, [{0: [3]}, {0: [3]}], copies=3)

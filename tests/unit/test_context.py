@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from ckpt.snapshot import SnapshotBuffer, restore
-from orchestrator.worker.context import apply_rng, capture_rng, seed_all
+from stalwart.ckpt.snapshot import SnapshotBuffer, restore
+from stalwart.orchestrator.worker.context import apply_rng, capture_rng, seed_all
 
 
 @pytest.fixture(autouse=True)

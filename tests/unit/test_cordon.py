@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from health.cordon import Cordon, CordonList, flapping_nodes
+from stalwart.health.cordon import Cordon, CordonList, flapping_nodes
 
 # --- CordonList -------------------------------------------------------------------------------
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards.__main__ import render
-from dashboards.definitions import ALL
-from orchestrator.observe.metric_defs import DEFINITIONS
+from stalwart.dashboards.__main__ import render
+from stalwart.dashboards.definitions import ALL
+from stalwart.orchestrator.observe.metric_defs import DEFINITIONS
 
 REPO = Path(__file__).resolve().parents[2]
 GRAFANA = REPO / "dashboards" / "grafana"
@@ -29,7 +29,7 @@ UIDS = {
 def test_committed_json_is_generated_from_the_definitions():
     rendered = render()
     committed = {p.name: p.read_text() for p in GRAFANA.glob("*.json")}
-    assert committed == rendered, "dashboards/grafana/ drifted: run `python -m dashboards`"
+    assert committed == rendered, "dashboards/grafana/ drifted: run `python -m stalwart.dashboards`"
 
 
 def test_four_dashboards_with_stable_uids():

@@ -23,8 +23,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from dashboards import provision
-from dashboards.provision import (
+from stalwart.dashboards import provision
+from stalwart.dashboards.provision import (
     PROVISIONING_FILE,
     ConfigError,
     GrafanaError,
@@ -33,7 +33,7 @@ from dashboards.provision import (
     push,
     read_token,
 )
-from orchestrator.cli_dashboards import dashboards as cli
+from stalwart.orchestrator.cli_dashboards import dashboards as cli
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -707,7 +707,7 @@ def test_a_token_echoed_by_grafana_is_scrubbed(grafana, token):
 
 
 def test_stalwart_registers_the_dashboards_commands(grafana, token):
-    from orchestrator.cli import main
+    from stalwart.orchestrator.cli import main
 
     result = CliRunner().invoke(
         main,

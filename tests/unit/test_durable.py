@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-import ckpt.durable as durable
-from ckpt.durable import (
+import stalwart.ckpt.durable as durable
+from stalwart.ckpt.durable import (
     CHUNK,
     CorruptCheckpoint,
     DurableError,
@@ -32,7 +32,7 @@ from ckpt.durable import (
     ShardRecord,
     parse_uri,
 )
-from ckpt.snapshot import Snapshot, SnapshotBuffer, restore
+from stalwart.ckpt.snapshot import Snapshot, SnapshotBuffer, restore
 from tests.unit.test_snapshot import assert_same_tree
 
 pytestmark = pytest.mark.timeout(60)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from orchestrator.events import EventLog
+from stalwart.orchestrator.events import EventLog
 
 
 def test_emit_returns_event_with_ts_type_seq_and_fields(clock):

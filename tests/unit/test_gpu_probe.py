@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from health.gpu_probe import FakeGpuProbe, NvmlGpuProbe, make_probe
-from health.xid import GpuReading, judge_gpus
+from stalwart.health.gpu_probe import FakeGpuProbe, NvmlGpuProbe, make_probe
+from stalwart.health.xid import GpuReading, judge_gpus
 
 # --- a fake pynvml ----------------------------------------------------------------------------
 

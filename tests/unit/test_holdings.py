@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from ckpt.holdings import (
+from stalwart.ckpt.holdings import (
     MEMORY,
     PEER,
     MissingShard,

@@ -17,7 +17,7 @@ def _modules() -> dict[str, Path]:
     out = {}
     for pkg in PACKAGES:
         for path in sorted((REPO / pkg).rglob("*.py")):
-            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            parts = ["stalwart", *path.relative_to(REPO).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts.pop()
             out[".".join(parts)] = path
@@ -107,9 +107,11 @@ def _offenders(sources: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str
 
 
 def test_the_walk_found_the_packages():
-    assert "orchestrator.supervisor.actor" in GRAPH
-    assert "orchestrator.supervisor.pool" in GRAPH["orchestrator.supervisor.actor"]
-    assert "ckpt.holdings" in GRAPH["orchestrator.supervisor.checkpoints"]
+    assert "stalwart.orchestrator.supervisor.actor" in GRAPH
+    assert (
+        "stalwart.orchestrator.supervisor.pool" in GRAPH["stalwart.orchestrator.supervisor.actor"]
+    )
+    assert "stalwart.ckpt.holdings" in GRAPH["stalwart.orchestrator.supervisor.checkpoints"]
 
 
 def test_no_import_cycle():
@@ -117,31 +119,44 @@ def test_no_import_cycle():
 
 
 def test_libraries_never_import_the_orchestrator():
-    assert _offenders(("health", "ckpt", "dashboards"), ("orchestrator",)) == []
+    libraries = ("stalwart.health", "stalwart.ckpt", "stalwart.dashboards")
+    assert _offenders(libraries, ("stalwart.orchestrator",)) == []
 
 
 def test_worker_and_agent_code_never_imports_the_supervisor():
     # What runs in a rank's or a node agent's process stays out of the supervisor's modules
     # (and so never drags them into those processes).
-    sources = ("orchestrator.worker", "orchestrator.agent", "orchestrator.chaos.actions")
-    assert _offenders(sources, ("orchestrator.supervisor", "orchestrator.driver")) == []
+    sources = (
+        "stalwart.orchestrator.worker",
+        "stalwart.orchestrator.agent",
+        "stalwart.orchestrator.chaos.actions",
+    )
+    assert (
+        _offenders(sources, ("stalwart.orchestrator.supervisor", "stalwart.orchestrator.driver"))
+        == []
+    )
 
 
 def test_collaborators_are_called_only_from_above():
     # Nothing below the actor imports it; detection, checkpoints and the ledger never reach
     # up into recovery or elastic resizing.
     collaborators = tuple(
-        n for n in GRAPH if n.startswith("orchestrator.supervisor.") and not n.endswith(".actor")
+        n
+        for n in GRAPH
+        if n.startswith("stalwart.orchestrator.supervisor.") and not n.endswith(".actor")
     )
-    assert _offenders(collaborators, ("orchestrator.supervisor.actor",)) == []
+    assert _offenders(collaborators, ("stalwart.orchestrator.supervisor.actor",)) == []
     below = (
-        "orchestrator.supervisor.detect",
-        "orchestrator.supervisor.checkpoints",
-        "orchestrator.supervisor.ledger",
-        "orchestrator.supervisor.generation",
-        "orchestrator.supervisor.pool",
+        "stalwart.orchestrator.supervisor.detect",
+        "stalwart.orchestrator.supervisor.checkpoints",
+        "stalwart.orchestrator.supervisor.ledger",
+        "stalwart.orchestrator.supervisor.generation",
+        "stalwart.orchestrator.supervisor.pool",
     )
-    above = ("orchestrator.supervisor.recovery", "orchestrator.supervisor.elastic")
+    above = (
+        "stalwart.orchestrator.supervisor.recovery",
+        "stalwart.orchestrator.supervisor.elastic",
+    )
     assert _offenders(below, above) == []
 
 
@@ -149,13 +164,14 @@ def test_no_orchestrator_module_outgrows_one_concept():
     long = {
         str(p.relative_to(REPO)): n
         for name, p in MODULES.items()
-        if name.startswith("orchestrator") and (n := len(p.read_text().splitlines())) > MAX_LINES
+        if name.startswith("stalwart.orchestrator")
+        and (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}
 
 
 def test_the_supervisor_actor_stays_small():
-    path = MODULES["orchestrator.supervisor.actor"]
+    path = MODULES["stalwart.orchestrator.supervisor.actor"]
     tree = ast.parse(path.read_text())
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "JobSupervisor"]
     assert cls.end_lineno - cls.lineno + 1 <= MAX_ACTOR_LINES

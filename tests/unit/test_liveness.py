@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from health.liveness import Hang, hung_ranks, lost_nodes
-from health.observations import NodeView, RankView
+from stalwart.health.liveness import Hang, hung_ranks, lost_nodes
+from stalwart.health.observations import NodeView, RankView
 
 NOW = 1_000.0
 BEAT = 3.0  # heartbeat timeout

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from health.liveness import Hang, hung_ranks
-from health.observations import RankView
+from stalwart.health.liveness import Hang, hung_ranks
+from stalwart.health.observations import RankView
 
 NOW = 5_000.0
 BEAT = 3.0  # heartbeat timeout

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.observe.metric_defs import DEFINITIONS, JOB_STATES, render_docs
-from orchestrator.observe.metrics import JobMetrics
-from orchestrator.state import JobState
+from stalwart.orchestrator.observe.metric_defs import DEFINITIONS, JOB_STATES, render_docs
+from stalwart.orchestrator.observe.metrics import JobMetrics
+from stalwart.orchestrator.state import JobState
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = "demo"
@@ -25,7 +25,7 @@ def value(m: JobMetrics, metric: str, **labels: str) -> float | None:
 def test_docs_are_generated_from_the_definitions():
     assert (REPO / "docs" / "metrics.md").read_text() == render_docs(), (
         "docs/metrics.md is stale: "
-        "run `python -m orchestrator.observe.metric_defs > docs/metrics.md`"
+        "run `python -m stalwart.orchestrator.observe.metric_defs > docs/metrics.md`"
     )
 
 
@@ -346,7 +346,7 @@ def test_batch_histogram_matches_prometheus_bucket_semantics():
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from orchestrator.observe.histogram import BatchHistogram
+    from stalwart.orchestrator.observe.histogram import BatchHistogram
 
     buckets = (0.1, 0.5, 1.0)
     values = [0.05, 0.1, 0.1000001, 0.5, 0.7, 1.0, 3.0, 0.0]

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from health.liveness import Hang
-from health.straggler import StragglerReport
-from health.xid import GpuReading, GpuVerdict
-from orchestrator.spec import HealthSpec, StragglerSpec
-from orchestrator.supervisor.monitor import HealthMonitor
+from stalwart.health.liveness import Hang
+from stalwart.health.straggler import StragglerReport
+from stalwart.health.xid import GpuReading, GpuVerdict
+from stalwart.orchestrator.spec import HealthSpec, StragglerSpec
+from stalwart.orchestrator.supervisor.monitor import HealthMonitor
 
 FAST_S = 0.02  # a healthy rank's compute seconds per step
 SLOW_S = 0.06  # a straggler's: 3x, well over threshold 2.0 and min_excess_s

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.spec import PersistSpec
-from orchestrator.supervisor.persist import Persister
+from stalwart.orchestrator.spec import PersistSpec
+from stalwart.orchestrator.supervisor.persist import Persister
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,8 +6,8 @@ import threading
 
 import torch
 
-from ckpt.pipeline import SnapshotPipeline
-from ckpt.snapshot import Snapshot, restore
+from stalwart.ckpt.pipeline import SnapshotPipeline
+from stalwart.ckpt.snapshot import Snapshot, restore
 
 WAIT = 10.0  # generous upper bound for anything that should happen promptly
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from health.observations import Budget, FailureKind, WorkerFailure
-from health.policy import NOOP, Action, Decision, PolicyConfig, decide
+from stalwart.health.observations import Budget, FailureKind, WorkerFailure
+from stalwart.health.policy import NOOP, Action, Decision, PolicyConfig, decide
 
 T0 = 1_000.0
 CFG = PolicyConfig(comm_error_grace_s=2.0)

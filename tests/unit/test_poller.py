@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from orchestrator.spec import HealthSpec
-from orchestrator.supervisor import poller as poller_module
-from orchestrator.supervisor.monitor import HealthMonitor
-from orchestrator.supervisor.poller import ReportPoller
+from stalwart.orchestrator.spec import HealthSpec
+from stalwart.orchestrator.supervisor import poller as poller_module
+from stalwart.orchestrator.supervisor.monitor import HealthMonitor
+from stalwart.orchestrator.supervisor.poller import ReportPoller
 
 TIMEOUT = 3.0  # health.heartbeat_timeout_s
 

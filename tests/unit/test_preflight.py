@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from health.preflight import PreflightResult, judge_preflight
+from stalwart.health.preflight import PreflightResult, judge_preflight
 
 MAX = 3.0
 

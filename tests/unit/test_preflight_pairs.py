@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from orchestrator.worker import probes as preflight
-from orchestrator.worker.probes import pair_rounds, time_matmul
+from stalwart.orchestrator.worker import probes as preflight
+from stalwart.orchestrator.worker.probes import pair_rounds, time_matmul
 
 CPU = torch.device("cpu")
 

@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from orchestrator.observe.progress import ProgressView, _event_line, print_summary
+from stalwart.orchestrator.observe.progress import ProgressView, _event_line, print_summary
 
 NODE = "a" * 56
 
@@ -75,7 +75,7 @@ def test_summary_lists_cordons_stragglers_and_resizes():
 
 
 def test_status_line_shows_rate_goodput_and_failures():
-    from orchestrator.observe.progress import status_line
+    from stalwart.orchestrator.observe.progress import status_line
 
     p = {
         "state": "RUNNING",

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from ckpt.replicas import effective, groups, peers
+from stalwart.ckpt.replicas import effective, groups, peers
 
 pytestmark = pytest.mark.timeout(60)
 

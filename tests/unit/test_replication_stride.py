@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckpt.replicas import choose_stride
+from stalwart.ckpt.replicas import choose_stride
 
 
 def test_slow_steps_send_every_snapshot():

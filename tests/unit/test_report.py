@@ -18,12 +18,12 @@ import pytest
 from click.testing import CliRunner
 from matplotlib.image import imread
 
-from orchestrator.cli import main
-from orchestrator.observe.analysis import goodput, median_step_time, redone_steps, timeline
-from orchestrator.observe.figures import FIGURES
-from orchestrator.observe.rank_times import heatmap, median_of_others
-from orchestrator.observe.report import build_report
-from orchestrator.observe.rundir import ReportError, load_run
+from stalwart.orchestrator.cli import main
+from stalwart.orchestrator.observe.analysis import goodput, median_step_time, redone_steps, timeline
+from stalwart.orchestrator.observe.figures import FIGURES
+from stalwart.orchestrator.observe.rank_times import heatmap, median_of_others
+from stalwart.orchestrator.observe.report import build_report
+from stalwart.orchestrator.observe.rundir import ReportError, load_run
 
 pytestmark = pytest.mark.timeout(120)
 

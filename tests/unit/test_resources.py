@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.spec import validate
-from orchestrator.supervisor.resources import SchedulingError, check_capacity, worker_bundle
+from stalwart.orchestrator.spec import validate
+from stalwart.orchestrator.supervisor.resources import (
+    SchedulingError,
+    check_capacity,
+    worker_bundle,
+)
 
 
 def spec(workers: int = 4, **resources):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.observe.metric_defs import DEFINITIONS
+from stalwart.orchestrator.observe.metric_defs import DEFINITIONS
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "dashboards" / "rules" / "stalwart.rules.yml"

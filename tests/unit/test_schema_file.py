@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from orchestrator.spec import json_schema
+from stalwart.orchestrator.spec import json_schema
 
 SCHEMA = Path(__file__).resolve().parents[2] / "docs" / "job-spec.schema.json"
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from ckpt.snapshot import Snapshot, SnapshotBuffer, TensorRef, restore, state_digest
+from stalwart.ckpt.snapshot import Snapshot, SnapshotBuffer, TensorRef, restore, state_digest
 
 
 def assert_same_tensor(a: torch.Tensor, b: torch.Tensor) -> None:

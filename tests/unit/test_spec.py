@@ -10,7 +10,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from orchestrator.spec import (
+from stalwart.orchestrator.spec import (
     JobSpec,
     SpecError,
     apply_overrides,
@@ -601,7 +601,7 @@ def test_json_schema_rejects_what_validate_rejects():
 
 
 def test_a_worker_must_ask_for_something():
-    from orchestrator.spec import SpecError, validate
+    from stalwart.orchestrator.spec import SpecError, validate
 
     data = {
         "name": "x",

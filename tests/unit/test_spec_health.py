@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.spec import (
+from stalwart.orchestrator.spec import (
     GpuXid,
     Hang,
     KillNode,
@@ -49,7 +49,7 @@ def test_health_defaults():
 
 
 def test_straggler_defaults_match_the_detector_defaults():
-    from health.straggler import StragglerConfig
+    from stalwart.health.straggler import StragglerConfig
 
     s = validate(spec_with()).health.straggler
     assert (

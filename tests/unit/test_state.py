@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from orchestrator.state import (
+from stalwart.orchestrator.state import (
     TERMINAL,
     TRANSITIONS,
     IllegalTransition,

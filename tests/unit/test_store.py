@@ -7,8 +7,8 @@ import os
 import numpy as np
 import torch
 
-from ckpt.snapshot import Snapshot, SnapshotBuffer, restore
-from ckpt.store import MemoryShardStore, ShardInfo, ShardStore
+from stalwart.ckpt.snapshot import Snapshot, SnapshotBuffer, restore
+from stalwart.ckpt.store import MemoryShardStore, ShardInfo, ShardStore
 
 
 def snap(step: int, value: float, n: int = 16) -> Snapshot:
@@ -175,7 +175,7 @@ def test_skeleton_is_owned_bytes():
 
 # --- ShmShardStore ----------------------------------------------------------------------------
 
-from ckpt.store import ShmShardStore  # noqa: E402
+from stalwart.ckpt.store import ShmShardStore  # noqa: E402
 
 
 def _write_slot(store, rank, step, data: bytes):
@@ -249,7 +249,7 @@ def test_orphaned_shm_stores_are_reaped_and_live_ones_kept(tmp_path):
     import subprocess
     import sys
 
-    from ckpt.store import OWNER_FILE, ShmShardStore
+    from stalwart.ckpt.store import OWNER_FILE, ShmShardStore
 
     live = ShmShardStore(tmp_path / "job-a" / "node1")
     live.put(0, snap(1, 1.0))

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from ckpt.commit import CommitTracker
-from ckpt.snapshot import Snapshot, SnapshotBuffer, restore
-from ckpt.store import MemoryShardStore, ShmShardStore
+from stalwart.ckpt.commit import CommitTracker
+from stalwart.ckpt.snapshot import Snapshot, SnapshotBuffer, restore
+from stalwart.ckpt.store import MemoryShardStore, ShmShardStore
 
 
 def snap(step: int, value: float, n: int = 16) -> Snapshot:

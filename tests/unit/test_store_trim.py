@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ckpt.snapshot import Snapshot, SnapshotBuffer
-from ckpt.store import MemoryShardStore, ShmShardStore
+from stalwart.ckpt.snapshot import Snapshot, SnapshotBuffer
+from stalwart.ckpt.store import MemoryShardStore, ShmShardStore
 
 pytestmark = pytest.mark.timeout(60)
 

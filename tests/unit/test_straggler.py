@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from health.observations import Budget
-from health.policy import Action, Decision
-from health.straggler import (
+from stalwart.health.observations import Budget
+from stalwart.health.policy import Action, Decision
+from stalwart.health.straggler import (
     StragglerConfig,
     StragglerReport,
     straggler_decision,

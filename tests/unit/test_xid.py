@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from health.xid import XID_TABLE, GpuReading, GpuVerdict, Severity, classify_xid, judge_gpus
+from stalwart.health.xid import (
+    XID_TABLE,
+    GpuReading,
+    GpuVerdict,
+    Severity,
+    classify_xid,
+    judge_gpus,
+)
 
 FATAL_XIDS = [48, 62, 64, 74, 79, 95, 119, 120, 140, 143]
 APPLICATION_XIDS = [13, 31, 43, 45, 68]

@@ -1,0 +1,79 @@
+"""stalwart: fault-tolerant PyTorch training on Ray.
+
+The Python API beside the `stalwart` command (docs/architecture.md, "Packaging"):
+
+    import stalwart
+
+    spec = stalwart.load_spec("job.yaml", ["steps=500"])  # SpecError names each bad field
+    result = stalwart.run_job(spec, stalwart.RunOptions(output="runs/nightly"))
+    print(result["status"], result["model_digest"])
+
+and, for annotations in a train loop, ``def train_loop(ctx: stalwart.TrainContext)``.
+Names are imported on first use, so ``import stalwart`` imports neither torch nor Ray.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("stalwart")
+except PackageNotFoundError:  # a source tree that is not installed
+    __version__ = "0+unknown"
+
+# name -> the module that defines it
+_API = {
+    "run_job": "stalwart.orchestrator.driver",
+    "RunOptions": "stalwart.orchestrator.driver",
+    "ClusterUnreachable": "stalwart.orchestrator.driver",
+    "JobAlreadyRunning": "stalwart.orchestrator.driver",
+    "SupervisorLost": "stalwart.orchestrator.driver",
+    "JobSpec": "stalwart.orchestrator.spec",
+    "SpecError": "stalwart.orchestrator.spec",
+    "load_spec": "stalwart.orchestrator.spec",
+    "validate": "stalwart.orchestrator.spec",
+    "TrainContext": "stalwart.orchestrator.worker.context",
+    "UnsupportedDependency": "stalwart.orchestrator.compat",
+}
+
+__all__ = [
+    "ClusterUnreachable",
+    "JobAlreadyRunning",
+    "JobSpec",
+    "RunOptions",
+    "SpecError",
+    "SupervisorLost",
+    "TrainContext",
+    "UnsupportedDependency",
+    "__version__",
+    "load_spec",
+    "run_job",
+    "validate",
+]
+
+if TYPE_CHECKING:
+    from stalwart.orchestrator.compat import UnsupportedDependency
+    from stalwart.orchestrator.driver import (
+        ClusterUnreachable,
+        JobAlreadyRunning,
+        RunOptions,
+        SupervisorLost,
+        run_job,
+    )
+    from stalwart.orchestrator.spec import JobSpec, SpecError, load_spec, validate
+    from stalwart.orchestrator.worker.context import TrainContext
+
+
+def __getattr__(name: str) -> Any:
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stalwart' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
