@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -140,7 +141,10 @@ def run(
     console = Console(stderr=fmt == "json")
     try:
         if fmt == "json":
-            result = run_job(spec, opts)
+            # stdout is for the JSON alone: Ray prints some messages of its own there (a
+            # worker's death: "(raylet) A worker died ..."), from its threads, meanwhile.
+            with contextlib.redirect_stdout(sys.stderr):
+                result = run_job(spec, opts)
         else:
             console.print(
                 f"stalwart: running {spec.name} ({spec.max_workers} workers, "
