@@ -16,7 +16,19 @@ from __future__ import annotations
 
 import importlib
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+# In a source checkout this folder stands beside orchestrator/, health/, ckpt/, ... rather
+# than holding them (installed, they are inside it). Ray adds the driver's working directory
+# to its workers' import path, so a job started from a checkout imports `stalwart` from here
+# even when stalwart is installed: look beside it too.
+_here = Path(__file__).resolve().parent
+if (
+    not (_here / "orchestrator").is_dir()
+    and (_here.parent / "orchestrator" / "__init__.py").is_file()
+):
+    __path__.append(str(_here.parent))
 
 try:
     __version__ = version("stalwart")
