@@ -9,14 +9,15 @@ allocating fresh memory every step is up to 10x slower.
 from __future__ import annotations
 
 import hashlib
-import io
-import pickle
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from stalwart.ckpt.skeleton import RECHECK, SkeletonUnpickler, check, leaf_kind
+from stalwart.ckpt.skeleton import dumps as skeleton_dumps
 
 
 @dataclass(frozen=True)
@@ -35,19 +36,23 @@ class TensorMeta:
     device: str
 
 
-def _split(obj: Any, tensors: list[torch.Tensor]) -> Any:
+def _split(obj: Any, tensors: list[torch.Tensor], leaves: set[type]) -> Any:
+    """The skeleton of `obj`, its tensors appended to `tensors` and the types of its other
+    leaves (what the allow-list judges) added to `leaves`."""
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
         return TensorRef(len(tensors) - 1)
     if isinstance(obj, dict):
         # OrderedDict stays one (state_dicts are); other dict subclasses become plain dicts.
         kind = OrderedDict if isinstance(obj, OrderedDict) else dict
-        return kind((k, _split(v, tensors)) for k, v in obj.items())
+        leaves.update(map(type, obj))
+        return kind((k, _split(v, tensors, leaves)) for k, v in obj.items())
     if isinstance(obj, list):
-        return [_split(v, tensors) for v in obj]
+        return [_split(v, tensors, leaves) for v in obj]
     if isinstance(obj, tuple):
         # Named tuples become plain tuples: the skeleton holds built-in types only.
-        return tuple(_split(v, tensors) for v in obj)
+        return tuple(_split(v, tensors, leaves) for v in obj)
+    leaves.add(leaf_kind(obj))
     return obj
 
 
@@ -118,10 +123,12 @@ class SnapshotBuffer:
         # creates its state on the first step), so the views are built once, not per step.
         self._metas: tuple[TensorMeta, ...] | None = None
         self._views: list[torch.Tensor] = []
+        self._checked: set[type] = set()  # kinds of skeleton values the allow-list passed
 
     def capture(self, step: int, state: Any) -> Snapshot:
         tensors: list[torch.Tensor] = []
-        skeleton = _split(state, tensors)
+        leaves: set[type] = set()
+        skeleton = _split(state, tensors, leaves)
         metas, total = _layout(tensors)
         if self._buf is None or self._buf.numel() < total:
             self._buf = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=self._pin)
@@ -141,33 +148,18 @@ class SnapshotBuffer:
             torch._foreach_copy_(list(dsts), list(srcs), non_blocking=True)
         if any(t.device.type == "cuda" for t in tensors):
             torch.cuda.synchronize()
-        return Snapshot(step, pickle.dumps(skeleton, protocol=5), metas, buf[:total])
-
-
-class _SkeletonUnpickler(pickle.Unpickler):
-    """Skeletons hold containers, numbers, strings and TensorRefs; refuse anything else."""
-
-    _ALLOWED = {
-        ("stalwart.ckpt.snapshot", "TensorRef"),
-        # The name before stalwart's packages moved under `stalwart.` (durable checkpoints
-        # written by 0.1 releases name it so).
-        ("ckpt.snapshot", "TensorRef"),
-        ("builtins", "set"),
-        ("builtins", "frozenset"),
-        ("collections", "OrderedDict"),
-        ("builtins", "slice"),
-        ("builtins", "complex"),
-    }
-
-    def find_class(self, module: str, name: str):
-        if (module, name) in self._ALLOWED:
-            return TensorRef if name == "TensorRef" else super().find_class(module, name)
-        raise pickle.UnpicklingError(f"checkpoint skeleton refers to {module}.{name}, refused")
+        pickled = skeleton_dumps(skeleton, state)
+        # Refused now, with the value's path, rather than at the first restore. Checked when
+        # a kind of value first appears (docs/checkpoints.md, "What a snapshot may hold").
+        if not leaves <= self._checked:
+            check(pickled, state, TensorRef)
+            self._checked |= leaves - {RECHECK}
+        return Snapshot(step, pickled, metas, buf[:total])
 
 
 def restore(snapshot: Snapshot, device: torch.device | str = "cpu") -> Any:
     """Rebuild the nested state with fresh tensors (copies, safe to keep)."""
-    skeleton = _SkeletonUnpickler(io.BytesIO(snapshot.skeleton)).load()
+    skeleton = SkeletonUnpickler(snapshot.skeleton, TensorRef).load()
     with warnings.catch_warnings():
         # A payload read from Ray's object store is read-only; every tensor below is a
         # clone, so nothing writes through this view.

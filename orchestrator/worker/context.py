@@ -27,6 +27,7 @@ import torch
 
 from stalwart.ckpt.pipeline import SnapshotPipeline
 from stalwart.ckpt.sharded import rank_local_view
+from stalwart.ckpt.skeleton import UnsafeState, format_path
 from stalwart.ckpt.snapshot import Snapshot, restore, state_digest
 from stalwart.orchestrator.worker.collective import ElasticGroup, GroupAborted, make_ddp, solo_group
 
@@ -35,6 +36,29 @@ RECENT_STEPS = 32
 
 class RecoveryInterrupt(GroupAborted):
     """Raised out of ``ctx.steps()`` when the supervisor starts a recovery."""
+
+
+class CheckpointStateError(TypeError):
+    """A registered object's state_dict() holds a value a checkpoint cannot restore."""
+
+
+KEEPABLE = (
+    "tensors, numbers, strings, containers, numpy arrays, scalars and generators, datetimes, "
+    "paths, UUIDs, decimals, fractions and members of enums"
+)
+
+
+def _unsafe_message(e: UnsafeState) -> str:
+    """The user's view of UnsafeState: which registered object, where in its state_dict()."""
+    path = e.path
+    if len(path) >= 2 and path[0] == "objects":
+        where = f"ctx.register({path[1]}=...): {path[1]}.state_dict(){format_path(path[2:])}"
+    else:
+        where = f"the checkpointed state{format_path(path)}"
+    return (
+        f"{where} is {e.what}. A checkpoint keeps {KEEPABLE}: convert the value in "
+        "state_dict()/load_state_dict(), or leave it out of them"
+    )
 
 
 @dataclass
@@ -266,9 +290,15 @@ class TrainContext:
             if p.first_step_done_at is None:
                 p.first_step_done_at = time.time()
             if (step + 1) % self._every == 0 or step + 1 == self.total_steps:
-                self._pipeline.submit(step + 1, self._state(step + 1))
+                self._snapshot(step + 1)
 
     # --- internals ----------------------------------------------------------------------------
+
+    def _snapshot(self, step: int) -> None:
+        try:
+            self._pipeline.submit(step, self._state(step))
+        except UnsafeState as e:
+            raise CheckpointStateError(_unsafe_message(e)) from None
 
     def _state(self, step: int) -> dict[str, Any]:
         return {
@@ -284,7 +314,7 @@ class TrainContext:
             # consistent point to return to.
             self.progress.step = 0
             self.progress.setup_done_at = self.progress.fetched_at = time.time()
-            self._pipeline.submit(0, self._state(0))
+            self._snapshot(0)
             self.progress.restored_at = time.time()
             self.progress.restored_step = None
             return 0

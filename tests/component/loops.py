@@ -45,3 +45,25 @@ def slow_step_loop(ctx) -> None:
 
     ctx.report = report
     gpt_loop(ctx)
+
+
+class _LockedSampler:
+    """A sampler-like object whose state_dict() holds what no checkpoint can keep."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.epoch = 0
+        self._lock = threading.Lock()
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "lock": self._lock}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = state["epoch"]
+
+
+def unsafe_state_loop(ctx) -> None:
+    """The GPT loop with an object registered whose state cannot be checkpointed."""
+    ctx.register(sampler=_LockedSampler())
+    gpt_loop(ctx)

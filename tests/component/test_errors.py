@@ -56,6 +56,21 @@ def test_user_error_retried_within_budget_then_fails(run):
     assert [f["kind"] for f in result["failures"]] == ["user_error", "user_error"]
 
 
+def test_a_state_no_checkpoint_can_keep_fails_at_the_first_capture(run):
+    # Refused when the initial state (step 0) is captured, not at the first restore after a
+    # failure, hours into the run.
+    result = run(small_spec(entrypoint="tests/component/loops.py:unsafe_state_loop", steps=5))
+    assert result["status"] == "failed"
+    err = result["error"]
+    assert (err["kind"], err["error_type"]) == ("user_error", "CheckpointStateError")
+    assert (
+        "ctx.register(sampler=...): sampler.state_dict()['lock'] is a _thread.lock"
+        in (err["message"])
+    ), err["message"]
+    assert "cannot be pickled" in err["message"]
+    assert result["steps_completed"] == 0 and result["restarts"] == 0
+
+
 def test_more_gpus_than_the_cluster_has(run):
     result = run(small_spec(resources={"cpu": 1, "gpu": 2}))
     assert result["status"] == "failed"

@@ -351,8 +351,8 @@ def forged(obj) -> Snapshot:
 
 @pytest.mark.parametrize(
     "obj",
-    [datetime.date(2020, 1, 2), Custom(), {"ok": [1, 2], "bad": Custom()}, np.float64(1.5)],
-    ids=["date", "custom", "nested-custom", "numpy-scalar"],
+    [Custom(), {"ok": [1, 2], "bad": Custom()}, [datetime.date(2020, 1, 2), Custom()]],
+    ids=["custom", "nested-custom", "beside-a-date"],
 )
 def test_skeleton_refuses_classes_outside_allowed_list(obj):
     with pytest.raises(pickle.UnpicklingError, match="refused"):
