@@ -34,10 +34,6 @@ class Preflight:
         self.passed: dict[str, float] = {}  # node -> its matmul seconds
         self._store = None  # the pair all-reduces' rendezvous (kept alive while they run)
 
-    @property
-    def enabled(self) -> bool:
-        return self.cfg.enabled
-
     def fresh(self, ranks: list[int]) -> list[int]:
         """Those of `ranks` on nodes that have not passed preflight."""
         return [r for r in sorted(ranks) if self.pool.node_of(r) not in self.passed]
