@@ -269,6 +269,12 @@ class MetricsSpec(_Model):
 class _FaultBase(_Model):
     rank: int = Field(ge=0, description="the rank (or, for node faults, its node) to hit")
     at_step: int = Field(ge=0, description="fires when the rank reaches this step (once)")
+    after_commit: bool = Field(
+        False,
+        description="first wait (at most 60 s, the rank paused) until the newest snapshot at "
+        "or before at_step is committed, so the fault's restore point is known: a loss "
+        "tested without racing the copies to peers (the event says which step was committed)",
+    )
 
 
 class KillWorker(_FaultBase):

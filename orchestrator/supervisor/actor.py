@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 FINAL_REPLICATION_S = 10.0  # a finished job waits this long for its last step's copies
 METRICS_REFRESH_S = 0.5  # the exporter's values are at most this old (plus a poll)...
 METRICS_DUTY = 0.1  # ...unless refreshing them would take more of the supervisor's time
+COMMIT_WAIT_S = 60.0  # a chaos fault with after_commit waits at most this for its commit
 
 
 class JobSupervisor:
@@ -73,6 +74,7 @@ class JobSupervisor:
         self.sm.add_hook(self._on_transition)
         self._lock = threading.Lock()  # the loop's state that other actor threads read
         self._cancel = threading.Event()
+        self._commit_seen = threading.Condition()  # notified after each round of reports
         self.pending: list[WorkerFailure] = []  # failures awaiting a decision
         spec_, emit = self.spec, self.events.emit
         self.faults = FaultBook(spec_.chaos.faults)
@@ -156,6 +158,22 @@ class JobSupervisor:
         """A worker is about to carry out a chaos fault (called before it does)."""
         self.faults.record(fault)
         self.events.emit("fault_injected", **fault)
+
+    def await_commit(self, at_step: int, timeout_s: float = COMMIT_WAIT_S) -> int | None:
+        """Chaos after_commit: return once the newest snapshot at or before `at_step` is
+        committed (asking the agents to copy it first), or at the deadline; the committed
+        step then. Called by the worker about to carry out the fault."""
+        every = self.spec.checkpoint.every_steps
+        wanted = at_step // every * every
+        self.ckpt.plan.require(wanted)
+        deadline = time.monotonic() + timeout_s
+        with self._commit_seen:
+            while (done := self.ckpt.commit.committed) is None or done < wanted:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.sm.state.terminal:
+                    break
+                self._commit_seen.wait(left)
+        return self.ckpt.commit.committed
 
     def storage_outage(self, seconds: float) -> None:
         """Chaos storage_unavailable (called by the worker carrying out the fault)."""
@@ -287,6 +305,8 @@ class JobSupervisor:
         # Faults carried out (an agent outlives a dead supervisor that saw them).
         self.faults.seen(i for rep in reports for i in rep.get("fired", ()))
         self.ckpt.absorb(reports, self._step())
+        with self._commit_seen:
+            self._commit_seen.notify_all()
         self.ledger.close_recovery(
             n,
             self.detect.current_beats(n),

@@ -39,6 +39,7 @@ class ReplicaPlan:
         self._send_mark: dict[str, tuple[float, int]] = {}  # node -> (send seconds, rounds)
         self._round_s: float | None = None  # the last measured cost of a round of copies
         self._commit_seen: tuple[int | None, float] = (None, time.time())  # (step, since)
+        self.required: int | None = None  # a step asked to commit (chaos after_commit)
         self._stall_reported = 0.0
 
     def sync(self) -> None:
@@ -89,11 +90,20 @@ class ReplicaPlan:
         own node's memory, which every agent sends next; asked again while the commit stays
         behind, with an event when it is long. `statuses`: node -> its replicator's."""
         now = time.time()
-        if committed != self._commit_seen[0]:
+        moved = committed != self._commit_seen[0]
+        if moved:
             self._commit_seen = (committed, now)
             self.replicating = None
-            return
+        if self.required is not None and committed is not None and committed >= self.required:
+            self.required = None
         if self.copies <= 1 or not own:
+            return
+        if self.required is not None and all(self.required in s for s in own.values()):
+            if self.replicating is None or now - self.replicating[1] >= REPLICATION_ALIGN_S:
+                self.replicating = (self.required, now)
+                self.send(self.required)
+            return
+        if moved:
             return
         complete = set.intersection(*own.values())
         # A step on the thinned grid, which the agents send anyway, when there is one.
@@ -123,6 +133,11 @@ class ReplicaPlan:
             )
         self.replicating = (newest, now)
         self.send(newest)
+
+    def require(self, step: int) -> None:
+        """Have `step` committed next, whatever the stride: every agent sends it now (and
+        again while it is not committed). `step` must still be in every rank's memory."""
+        self.required = step
 
     def send(self, step: int) -> None:
         """Every agent of the plan sends `step`'s shards to its peers next."""

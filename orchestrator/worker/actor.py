@@ -307,6 +307,13 @@ class TrainWorker:
         # before the process or its node disappears.
         record = {**fault, "node_id": self.node_id}
         if self.supervisor is not None:
+            if fault.get("after_commit"):
+                # Paused here until the restore point is committed (other ranks wait in
+                # the next collective): the loss then races no copy to a peer.
+                record["committed_step"] = ray.get(
+                    self.supervisor.await_commit.remote(fault["at_step"])
+                )
+                record["at"] = time.time()  # the failure happens now, not when it paused
             ray.get(self.supervisor.record_fault.remote(record))
         # Also with the node agent, which outlives a supervisor: its successor must not
         # fire the fault again.

@@ -28,7 +28,7 @@ def test_kill_node_with_two_replicas_restores_from_peer_memory(mrun, mbaseline):
     spec = small_spec(
         steps=60,
         checkpoint={"every_steps": every, "replicas": 2},
-        chaos__faults=[{"kind": "kill_node", "rank": 1, "at_step": 35}],
+        chaos__faults=[{"kind": "kill_node", "rank": 1, "at_step": 35, "after_commit": True}],
     )
     result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]
@@ -43,7 +43,10 @@ def test_kill_node_with_two_replicas_restores_from_peer_memory(mrun, mbaseline):
     assert gen2["restore_tiers"] == {"memory": 4 - len(lost["ranks"]), "peer": len(lost["ranks"])}
     [recovered] = events_of(result, "recovered")
     assert recovered["restore_tiers"] == gen2["restore_tiers"]
-    # At most every_steps steps redone: the step-30 snapshot had its copies by step 35.
+    # The node died once the step-30 snapshot was committed (after_commit): it resumes
+    # there, at most every_steps steps redone.
+    [fault] = events_of(result, "fault_injected")
+    assert fault["committed_step"] == 30
     assert gen2["restore_step"] == 30
     for f in result["failures"]:
         assert f["steps_redone"] <= every, f
@@ -320,7 +323,7 @@ def test_sharded_optimizer_kill_node_restores_each_ranks_own_shard_exactly(
             "replicas": 2,
             "persist": {"uri": str(uri), "every_steps": 20, "keep_last": 5},
         },
-        chaos__faults=[{"kind": "kill_node", "rank": 1, "at_step": 37}],
+        chaos__faults=[{"kind": "kill_node", "rank": 1, "at_step": 37, "after_commit": True}],
     )
     result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]

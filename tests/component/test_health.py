@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.component, pytest.mark.timeout(420)]
 def test_kill_node_detected_and_ranks_replaced_on_other_nodes(mrun, mbaseline):
     spec = small_spec(
         steps=40,
-        chaos__faults=[{"kind": "kill_node", "rank": 1, "at_step": 15}],
+        chaos__faults=[{"kind": "kill_node", "rank": 1, "at_step": 15, "after_commit": True}],
         failure__replacement_timeout_s=60,
     )
     result = mrun(spec)

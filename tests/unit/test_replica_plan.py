@@ -1,0 +1,82 @@
+"""supervisor/replica_plan.ReplicaPlan: which step the agents are asked to copy next."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from stalwart.orchestrator.spec import CheckpointSpec
+from stalwart.orchestrator.supervisor.replica_plan import ReplicaPlan
+
+
+class _Call:
+    def __init__(self, log: list, name: str):
+        self._log, self._name = log, name
+
+    def remote(self, *args):
+        self._log.append((self._name, *args))
+
+
+class _Agent:
+    def __init__(self):
+        self.calls: list[tuple] = []
+        for name in ("replicate", "set_stride", "set_peers"):
+            setattr(self, name, _Call(self.calls, name))
+
+    def asked(self) -> list[int]:
+        return [c[1] for c in self.calls if c[0] == "replicate"]
+
+
+def _plan(every: int = 10) -> tuple[ReplicaPlan, dict[str, _Agent], list]:
+    agents = {"a": _Agent(), "b": _Agent()}
+    pool = SimpleNamespace(agents=agents, lost_nodes=set())
+    events: list = []
+    plan = ReplicaPlan(
+        CheckpointSpec(every_steps=every, replicas=2),
+        pool,
+        lambda kind, **f: events.append((kind, f)),
+    )
+    plan.sync()
+    return plan, agents, events
+
+
+def test_a_required_step_is_sent_at_once_whatever_the_stride():
+    plan, agents, _ = _plan()
+    plan.stride = 40  # thinned: 30 is not on the grid the agents send by themselves
+    own = {0: {10, 20, 30}, 1: {10, 20, 30}}
+    plan.replicate(own, committed=10, statuses={})  # a commit moved: nothing asked
+    assert agents["a"].asked() == []
+    plan.require(30)
+    plan.replicate(own, committed=10, statuses={})
+    assert agents["a"].asked() == [30] and agents["b"].asked() == [30]
+    assert plan.replicating is not None and plan.replicating[0] == 30  # kept by trimming
+    # Asked once per REPLICATION_ALIGN_S, not on every poll.
+    plan.replicate(own, committed=10, statuses={})
+    assert agents["a"].asked() == [30]
+    # Committed: the requirement is met and forgotten.
+    plan.replicate(own, committed=30, statuses={})
+    assert plan.required is None
+
+
+def test_a_required_step_not_yet_in_every_ranks_memory_waits_for_it():
+    plan, agents, _ = _plan(every=1)
+    plan.require(15)
+    plan.replicate({0: {13, 14, 15}, 1: {13, 14}}, committed=12, statuses={})
+    assert agents["a"].asked() == []  # rank 1's hand-over of 15 is still on its way
+    plan.replicate({0: {13, 14, 15}, 1: {13, 14, 15}}, committed=12, statuses={})
+    assert agents["a"].asked() == [15]
+
+
+def test_with_one_copy_nothing_is_sent():
+    agents = {"a": _Agent()}
+    plan = ReplicaPlan(
+        CheckpointSpec(every_steps=1, replicas=2),
+        SimpleNamespace(agents=agents, lost_nodes=set()),
+        lambda kind, **f: None,
+    )
+    plan.sync()
+    assert plan.copies == 1
+    plan.require(5)
+    plan.replicate({0: {5}}, committed=4, statuses={})
+    assert agents["a"].asked() == []
+    plan.replicate({0: {5}}, committed=5, statuses={})
+    assert plan.required is None
