@@ -85,6 +85,11 @@ class Generation:
             )
             rendezvous.update(joined)
         local = pool.local_ranks()
+        # Each node's ranks, in node order (torchrun's GROUP_RANK, LOCAL_WORLD_SIZE).
+        by_node: dict[str, list[int]] = {}
+        for rank in sorted(pool.workers):
+            by_node.setdefault(pool.worker_info[rank]["node_id"], []).append(rank)
+        rendezvous["nodes"] = list(by_node.values())
         self.futures = {}
         self.finished = {}
         # Where this generation's ranks restore from: counts per tier, and the ranks that

@@ -30,7 +30,13 @@ from stalwart.health.observations import FailureKind
 from stalwart.orchestrator.chaos import actions as chaos
 from stalwart.orchestrator.spec import JobSpec
 from stalwart.orchestrator.worker import probes as preflight
-from stalwart.orchestrator.worker.collective import ElasticGroup, GroupAborted, make_ddp
+from stalwart.orchestrator.worker import torchrun
+from stalwart.orchestrator.worker.collective import (
+    ElasticGroup,
+    GroupAborted,
+    local_group,
+    solo_group,
+)
 from stalwart.orchestrator.worker.context import TrainContext
 from stalwart.orchestrator.worker.entrypoint import load_entrypoint
 
@@ -69,6 +75,8 @@ class TrainWorker:
         self.spec = spec
         cpus = spec["resources"]["cpu"]
         torch.set_num_threads(max(1, int(cpus)))
+        # Before the loop's module is imported: it may bind init_process_group by name.
+        torchrun.install()
         self.fn = load_entrypoint(spec["entrypoint"], base_dir)
         self.backend = JobSpec.model_validate(spec).resolved_backend(torch.cuda.is_available())
         self.device = torch.device("cuda", 0) if self.backend == "nccl" else torch.device("cpu")
@@ -190,6 +198,9 @@ class TrainWorker:
                     timeout=datetime.timedelta(seconds=rendezvous["collective_timeout_s"]),
                 )
                 self._store = store  # NCCL reads it lazily; keep it for the generation
+            else:
+                solo_group()  # what init_process_group() in the loop hands back
+            torchrun.set_environment(self._torchrun_env(generation, rendezvous, local_rank))
             timings["rendezvous_done"] = time.time()
             in_user_code = True
             self.fn(ctx)
@@ -236,6 +247,21 @@ class TrainWorker:
         self._stop.set()
 
     # --- internals ----------------------------------------------------------------------------
+
+    def _torchrun_env(
+        self, generation: int, rendezvous: dict[str, Any], local_rank: int
+    ) -> dict[str, str]:
+        return torchrun.environment(
+            rank=self.rank,
+            world_size=self.world_size,
+            local_rank=local_rank,
+            nodes=rendezvous.get("nodes") or [list(range(self.world_size))],
+            master_addr=rendezvous.get("host", "127.0.0.1"),
+            master_port=rendezvous.get("port", 0),
+            generation=generation,
+            max_restarts=self.spec["failure"]["max_restarts"],
+            run_id=self.job,
+        )
 
     def _outcome(self, outcome: str, timings: dict[str, float], **extra: Any) -> dict[str, Any]:
         p = self.ctx.progress
@@ -450,4 +476,4 @@ def _rss_bytes() -> int:
 def _warm_up() -> None:
     """Pay the one-time costs of a fresh process now, not during a recovery: building the
     first DistributedDataParallel imports torch._dynamo (1.4 s measured here)."""
-    make_ddp(torch.nn.Linear(1, 1), ElasticGroup(), torch.device("cpu"))
+    torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1), process_group=local_group())

@@ -7,22 +7,22 @@ all pending futures at once, the blocked rank unwinds, and the old gloo group is
 die (its worker threads may stay blocked on a socket; we keep it referenced so its
 destructor never joins them on the training thread).
 
-DDP is built once per process on a private one-rank group (no collectives at construction,
-so a replacement can build it alone) and all gradient traffic goes through a comm hook into
-the current generation's group. The hook reduces all gradients as one flat buffer in the
-model's parameter order, so the floating-point summation order does not depend on DDP's
-bucket layout, which differs between a fresh DDP and one that has rebuilt its buckets.
-That keeps recovery bit-exact; the price is no overlap of communication with backward.
-
-Each generation's group is also installed as torch.distributed's default group, so code that
-takes a ``process_group`` or calls ``torch.distributed`` directly (ZeroRedundancyOptimizer,
-a user's own ``dist.broadcast``) works on the current generation. Those collectives are not
-abortable: they fail at once when a peer process dies (its sockets close), and a rank stuck
-in one past ``failure.abort_timeout_s`` is stopped and replaced. The previous generation's
+Each generation's group is installed as torch.distributed's default group behind a Python
+ProcessGroup (worker/torch_group.py) whose collectives complete through futures we own too:
+code that takes a ``process_group`` or calls ``torch.distributed`` directly
+(ZeroRedundancyOptimizer, a user's ``dist.barrier``, a DDP the loop builds) runs on the
+current generation, and an abort releases it as it releases ours. The previous generation's
 group leaves torch's registry without ``shutdown()`` (that would join its possibly blocked
 threads). This uses two private torch.distributed helpers (``_register_pg_in_world``,
 ``_cleanup_process_group_global_state``; orchestrator/compat.py checks them at import, and
 tests/unit/test_collective_world.py fails on an upgrade that changes their behaviour).
+
+A DDP on that group (``ctx.prepare_model``'s, or one the loop builds: worker/torchrun.py)
+reduces its gradients through FlatGradReducer, a comm hook that reduces all of them as one
+flat buffer in the model's parameter order, so the floating-point summation order does not
+depend on DDP's bucket layout, which differs between a fresh DDP and one that has rebuilt
+its buckets. That keeps recovery bit-exact; the price is no overlap of communication with
+backward.
 """
 
 from __future__ import annotations
@@ -32,12 +32,14 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from stalwart.orchestrator.compat import require_torch
+from stalwart.orchestrator.worker.torch_group import AbortableProcessGroup
 
 require_torch()  # the private helpers below: a clear error now, not in a recovery
 
@@ -56,7 +58,8 @@ def _wrap_backend(
     timeout: datetime.timedelta,
     device: torch.device,
     hostname: str | None = None,
-) -> tuple[dist.ProcessGroup, dist.Backend]:
+) -> tuple[dist.ProcessGroup, dist.Backend, list[tuple[torch.device, Any, dist.Backend]]]:
+    """The generation's real group, its backend, and (device, kind, backend) registered."""
     pg = dist.ProcessGroup(store, rank, size)
     if backend_name == "nccl":
         opts = dist.ProcessGroupNCCL.Options()
@@ -64,6 +67,7 @@ def _wrap_backend(
         be = dist.ProcessGroupNCCL(store, rank, size, opts)
         kind = dist.ProcessGroup.BackendType.NCCL
         pg._register_backend(device, kind, be)
+        registered = [(device, kind, be)]
         # CPU tensors (e.g. a loss scalar) still need a CPU transport.
     else:
         opts = dist.ProcessGroupGloo._Options()
@@ -75,13 +79,14 @@ def _wrap_backend(
         be = dist.ProcessGroupGloo(store, rank, size, opts)
         kind = dist.ProcessGroup.BackendType.GLOO
         pg._register_backend(torch.device("cpu"), kind, be)
+        registered = [(torch.device("cpu"), kind, be)]
     pg._set_default_backend(kind)
-    return pg, be
+    return pg, be, registered
 
 
 def local_group(store: dist.Store | None = None) -> dist.ProcessGroup:
     """A one-rank gloo group on an in-process store, for building DDP without peers."""
-    pg, _ = _wrap_backend(
+    pg, _, _ = _wrap_backend(
         store or dist.HashStore(),
         0,
         1,
@@ -137,6 +142,7 @@ class ElasticGroup:
 
     def __init__(self) -> None:
         self._pg: dist.ProcessGroup | None = None
+        self._torch_pg: AbortableProcessGroup | None = None  # the default group users see
         self._backend: dist.Backend | None = None
         self._lock = threading.Lock()
         self._pending: dict[torch.futures.Future, float] = {}  # future -> issued at
@@ -167,12 +173,18 @@ class ElasticGroup:
         timeout: datetime.timedelta,
     ) -> None:
         """Join generation `generation`'s group; blocks until every rank has joined."""
-        pg, be = _wrap_backend(store, rank, world_size, backend, timeout, device, hostname)
+        pg, be, registered = _wrap_backend(
+            store, rank, world_size, backend, timeout, device, hostname
+        )
+        owned = AbortableProcessGroup(
+            pg, registered, backend, ready=lambda: self._group(generation), track=self._own
+        )
+        owned.elastic = self  # a DDP built on it reduces through this (worker/torchrun.py)
         with self._lock:
             if self._pg is not None:
                 self._graveyard.append((self._pg, self._backend))
-            install_default_group(pg, store, backend, device)
-            self._pg, self._backend = pg, be
+            install_default_group(owned, store, backend, device)
+            self._pg, self._backend, self._torch_pg = pg, be, owned
             self.rank, self.world_size, self.generation = rank, world_size, generation
             self.backend = backend
             self._aborted = None
@@ -196,10 +208,21 @@ class ElasticGroup:
 
     @property
     def process_group(self) -> dist.ProcessGroup:
-        """This generation's torch ProcessGroup (also torch.distributed's default group)."""
-        return self._group()
+        """This generation's torch ProcessGroup, torch.distributed's default group: its
+        collectives are abortable like ours (worker/torch_group.py)."""
+        self._group()
+        return self._torch_pg
 
     def _track(self, work: dist.Work, result: Callable[[], object]) -> torch.futures.Future:
+        return self._own(work.get_future(), lambda _: result())
+
+    def _own(
+        self,
+        done: torch.futures.Future,
+        result: Callable[[torch.futures.Future], object] = lambda f: f.value(),
+    ) -> torch.futures.Future:
+        """A future that completes with `done` (its value mapped by `result`), or fails
+        with GroupAborted when this generation is aborted first."""
         out: torch.futures.Future = torch.futures.Future()
         with self._lock:
             if self._aborted is not None:
@@ -207,7 +230,7 @@ class ElasticGroup:
                 return out
             self._pending[out] = issued = time.monotonic()
 
-        def done(fut: torch.futures.Future) -> None:
+        def finished(fut: torch.futures.Future) -> None:
             with self._lock:
                 if out not in self._pending:
                     return  # aborted meanwhile: the exception is already set
@@ -215,17 +238,22 @@ class ElasticGroup:
                 self.collective_seconds += time.monotonic() - issued
             try:
                 fut.value()
-                out.set_result(result())
+                value = result(fut)
             except Exception as e:  # a transport error: hand it to the waiter
                 out.set_exception(e)
+                return
+            out.set_result(value)
 
-        work.get_future().add_done_callback(done)
+        done.add_done_callback(finished)
         return out
 
-    def _group(self) -> dist.ProcessGroup:
+    def _group(self, generation: int | None = None) -> dist.ProcessGroup:
+        """The current group; GroupAborted once aborted (or when `generation` is over)."""
         with self._lock:
             if self._aborted is not None:
                 raise GroupAborted(self._aborted)
+            if generation is not None and generation != self.generation:
+                raise GroupAborted(f"generation {generation} is over")
             return self._pg
 
     def all_reduce_async(
@@ -300,7 +328,7 @@ class FlatGradReducer:
         reduced.add_done_callback(scatter)
 
 
-def _flat_hook(state, bucket):
+def flat_hook(state, bucket):
     # No annotations: DDP inspects them and rejects the strings `from __future__` makes.
     return state(bucket)
 
@@ -308,16 +336,18 @@ def _flat_hook(state, bucket):
 def make_ddp(
     module: torch.nn.Module, group: ElasticGroup, device: torch.device, **ddp_kwargs
 ) -> torch.nn.parallel.DistributedDataParallel:
-    """DistributedDataParallel whose gradients flow through `group`, built without peers."""
-    if ddp_kwargs.get("broadcast_buffers") or ddp_kwargs.get("find_unused_parameters"):
+    """DistributedDataParallel on the generation's group (its construction broadcasts rank
+    0's parameters and buffers, as DDP does), its gradients reduced by FlatGradReducer."""
+    if ddp_kwargs.get("find_unused_parameters"):
         raise ValueError(
-            "prepare_model does not support broadcast_buffers or find_unused_parameters: "
-            "buffers are restored from checkpoints, and every parameter must get a gradient"
+            "prepare_model does not support find_unused_parameters: every parameter must get "
+            "a gradient in every step"
         )
-    ddp_kwargs["broadcast_buffers"] = False
     device_ids = [device.index] if device.type == "cuda" else None
     ddp = torch.nn.parallel.DistributedDataParallel(
-        module, process_group=local_group(), device_ids=device_ids, **ddp_kwargs
+        module, process_group=group.process_group, device_ids=device_ids, **ddp_kwargs
     )
-    ddp.register_comm_hook(FlatGradReducer(group, module), _flat_hook)
+    if not getattr(ddp, "_stalwart_flat", False):  # worker/torchrun.install() not run
+        ddp.register_comm_hook(FlatGradReducer(group, module), flat_hook)
+        ddp._stalwart_flat = True
     return ddp

@@ -84,7 +84,7 @@ def time_pair_allreduce(
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore(rendezvous["host"], rendezvous["port"], None, False, timeout=timeout)
     prefix = dist.PrefixStore(f"preflight/{key}", store)
-    pg, be = _wrap_backend(prefix, pair_rank, 2, backend, timeout, device, hostname)
+    pg, be, _ = _wrap_backend(prefix, pair_rank, 2, backend, timeout, device, hostname)
     t = torch.ones(ALLREDUCE_ELEMENTS, device=device)
     pg.allreduce([t]).wait()
     _sync(device)

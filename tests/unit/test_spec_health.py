@@ -185,8 +185,8 @@ def test_health_section_of_the_wrong_type():
 @pytest.mark.parametrize(
     ("fault", "cls"),
     [
-        ({"kind": "kill_node", "rank": 1, "at_step": 5}, KillNode),
-        ({"kind": "hang", "rank": 2, "at_step": 6}, Hang),
+        ({"kind": "kill_node", "rank": 1, "at_step": 5, "after_commit": True}, KillNode),
+        ({"kind": "hang", "rank": 2, "at_step": 6, "after_commit": False}, Hang),
         ({"kind": "slow", "rank": 3, "at_step": 0, "factor": 4.5}, Slow),
         ({"kind": "gpu_xid", "rank": 0, "at_step": 99, "xid": 79}, GpuXid),
     ],
@@ -194,7 +194,7 @@ def test_health_section_of_the_wrong_type():
 def test_new_fault_kinds_parse(fault, cls):
     (parsed,) = validate(with_faults(fault)).chaos.faults
     assert type(parsed) is cls
-    assert parsed.model_dump() == fault
+    assert parsed.model_dump() == {"after_commit": False, **fault}
 
 
 def test_slow_factor_defaults_to_three():
