@@ -243,6 +243,14 @@ class HealthSpec(_Model):
         description="a rank whose heartbeat arrives but whose step has not advanced this "
         "long is hung; its stacks are captured and it is replaced",
     )
+    divergence_every_steps: int = Field(
+        100,
+        ge=0,
+        description="compare a fingerprint of the registered modules' parameters across "
+        "ranks after each generation's first step and every N steps (one pass over the "
+        "parameters, two small all-reduces): replicas that differ fail the job naming the "
+        "step and the tensors; 0 = off (a sharded model, FSDP)",
+    )
     cordon_ttl_s: float | None = Field(
         3600.0,
         gt=0,

@@ -391,9 +391,15 @@ class JobSupervisor:
         self.gen.start(restore_step, self.ckpt.sources(restore_step, durable), faults)
 
     def _finish(self) -> None:
-        digests = {o["digest"] for o in self.gen.finished.values() if o.get("digest")}
+        # Parameters, not buffers: under DDP's broadcast_buffers the ranks' buffers differ
+        # after the last step (the job's model is rank 0's, buffers included).
+        digests = {
+            o.get("params_digest") or o["digest"]
+            for o in self.gen.finished.values()
+            if o.get("digest")
+        }
         if len(digests) > 1:
-            self.ledger.fail(f"ranks ended with different models: {sorted(digests)}")
+            self.ledger.fail(f"ranks ended with different parameters: {sorted(digests)}")
             self._set(JobState.FAILED, self.ledger.error["message"])
             return
         self._poll(wait_s=2.0)

@@ -231,7 +231,9 @@ class Ledger:
         """result.json: `outs` are the ranks' last outcomes, `step` the newest step reached;
         `parts` are the other collaborators' figures, in result.json's order."""
         losses = [o["metrics"]["loss"] for o in outs if "loss" in o.get("metrics", {})]
-        digests = [o.get("digest") for o in outs if o.get("digest")]
+        # The job's model: rank 0's (with DDP's broadcast_buffers, its buffers are the
+        # ones every rank takes at the next forward).
+        digests = [o["digest"] for o in sorted(outs, key=lambda o: o["rank"]) if o.get("digest")]
         end = self.ended_at or time.time()
         run_s = end - (self.running_since or end)
         samples = sum(o.get("samples", 0.0) for o in outs)

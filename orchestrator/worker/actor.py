@@ -165,6 +165,7 @@ class TrainWorker:
                 pipeline=self.pipeline,
                 on_fault=self._on_fault,
                 on_step=self._stepped.set,
+                divergence_every=self.spec["health"]["divergence_every_steps"],
             )
         ctx = self.ctx
         ctx.begin_generation(
@@ -211,7 +212,12 @@ class TrainWorker:
                 )
             if not self.pipeline.drain(timeout=60):
                 raise RuntimeError("final snapshot was not handed over within 60 s")
-            return self._outcome("finished", timings, digest=ctx.model_digest())
+            return self._outcome(
+                "finished",
+                timings,
+                digest=ctx.model_digest(),
+                params_digest=ctx.params_digest(),
+            )
         except Exception as e:
             interrupted = self.group.aborted is not None and self.group.generation == generation
             if ctx._interrupt is not None or (interrupted and is_comm_error(e)):
@@ -283,6 +289,10 @@ class TrainWorker:
             "timings": timings,
             "node_id": self.node_id,
             "pipeline": vars(self.pipeline.stats).copy(),
+            "divergence_checks": {
+                "checks": self.ctx.divergence.checks,
+                "seconds": round(self.ctx.divergence.seconds, 6),
+            },
             **extra,
         }
 

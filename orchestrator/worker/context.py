@@ -30,6 +30,7 @@ from stalwart.ckpt.sharded import rank_local_view
 from stalwart.ckpt.skeleton import UnsafeState, format_path
 from stalwart.ckpt.snapshot import Snapshot, restore, state_digest
 from stalwart.orchestrator.worker.collective import ElasticGroup, GroupAborted, make_ddp, solo_group
+from stalwart.orchestrator.worker.divergence import DivergenceGuard, named_parameters
 
 RECENT_STEPS = 32
 
@@ -138,6 +139,7 @@ class TrainContext:
         on_fault: Callable[[dict[str, Any]], None],
         on_step: Callable[[], None] = lambda: None,
         distributed: bool | None = None,
+        divergence_every: int = 0,
     ):
         self.rank = rank
         self.world_size = world_size
@@ -162,6 +164,7 @@ class TrainContext:
         self._interrupt: str | None = None
         self._slow = 1.0  # chaos: compute time multiplier
         self.progress = Progress()
+        self.divergence = DivergenceGuard(divergence_every, self.all_reduce)
 
     # --- called by the worker between generations -------------------------------------------
 
@@ -219,9 +222,8 @@ class TrainContext:
         libraries that take one, e.g.
         ``ZeroRedundancyOptimizer(params, optimizer_class=AdamW, process_group=ctx.process_group)``.
         Build what holds it inside the train loop: a recovery brings a new group and calls
-        the loop again. Collectives issued on it directly are not released by a recovery's
-        abort (they fail when a peer dies; a rank stuck in one is replaced after
-        failure.abort_timeout_s); ctx.all_reduce and prepare_model's gradients are."""
+        the loop again. Every collective on it (torch.distributed's functions, a DDP built
+        on it) is released by a recovery's abort, as ctx.all_reduce is."""
         if not self.distributed:
             return solo_group()
         return self.group.process_group
@@ -267,6 +269,7 @@ class TrainContext:
         start = self._restore()
         p, group = self.progress, self.group
         last_end: float | None = None
+        guard = self.divergence if self.distributed else None
         for step in range(start, self.total_steps):
             self._before_step(step)
             t0 = time.perf_counter()
@@ -287,6 +290,8 @@ class TrainContext:
             p.recent.append((step, p.compute_seconds, cycle))
             p.step = step + 1
             self._on_step()
+            if guard is not None and guard.due(step + 1, step == start):
+                guard.check(step + 1, self._objects, self.device)  # before it is committed
             if p.first_step_done_at is None:
                 p.first_step_done_at = time.time()
             if (step + 1) % self._every == 0 or step + 1 == self.total_steps:
@@ -358,3 +363,11 @@ class TrainContext:
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             sd = {k.removeprefix("module."): v for k, v in sd.items()}
         return state_digest(sd)
+
+    def params_digest(self) -> str | None:
+        """The digest of the registered model's parameters only: what replicas must share
+        (their buffers may differ after the last step, as under DDP's broadcast_buffers)."""
+        model = self._objects.get("model")
+        if model is None:
+            return None
+        return state_digest(dict(named_parameters({"model": model})))

@@ -67,3 +67,46 @@ def unsafe_state_loop(ctx) -> None:
     """The GPT loop with an object registered whose state cannot be checkpointed."""
     ctx.register(sampler=_LockedSampler())
     gpt_loop(ctx)
+
+
+def diverging_loop(ctx) -> None:
+    """The GPT loop, except that rank `diverge_rank` nudges one parameter outside DDP after
+    step `diverge_at` (a rank-dependent update), in the first generation only."""
+    import torch
+
+    original = ctx.report
+
+    def report(**metrics):
+        original(**metrics)
+        if (
+            ctx.rank == ctx.config["diverge_rank"]
+            and ctx.progress.step + 1 == ctx.config["diverge_at"]
+        ):
+            model = ctx._objects["model"]
+            with torch.no_grad():
+                next(model.parameters()).add_(1e-3)
+
+    ctx.report = report
+    gpt_loop(ctx)
+
+
+def batchnorm_loop(ctx) -> None:
+    """The converted DDP example's CNN under ctx.prepare_model (broadcast_buffers as in DDP),
+    each rank on its own data."""
+    import torch
+    import torch.nn.functional as F
+
+    from stalwart.examples.ddp.train import Net, dataset
+
+    data = dataset()
+    model = ctx.prepare_model(Net(), broadcast_buffers=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ctx.register(model=model, optimizer=optimizer)
+    for step in ctx.steps():
+        lo = (step * ctx.world_size + ctx.rank) * 8 % len(data)
+        images, labels = data[lo : lo + 8]
+        loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        ctx.report(loss=loss.item(), samples=8)

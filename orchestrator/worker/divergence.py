@@ -1,0 +1,91 @@
+"""The divergence guard: data-parallel replicas must hold the same parameters, bit for bit.
+
+A loop whose ranks drift apart (a rank-dependent code path, an init that depends on the
+rank, a model that is not wrapped in DDP) trains to the end with several models. After the
+first step and every `every` steps, each rank sums every parameter's bits (the tensor
+viewed as integers of its element size, summed in int64: one pass over the parameters) and
+the ranks all-reduce the sums twice, with MAX and MIN: where they disagree, the replicas
+differ. Buffers are not compared: under DDP's ``broadcast_buffers`` they legitimately
+differ after a step (DDP copies rank 0's at the start of the next forward).
+
+A sharded module (each rank holding its own part: FSDP) has no replicas to compare: set
+``health.divergence_every_steps: 0``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+_INT_OF_SIZE = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+class ReplicaDivergence(RuntimeError):
+    """The ranks' parameters differ (a user error: the loop made them differ)."""
+
+
+def named_parameters(objects: Mapping[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """'object.parameter' -> tensor, for every registered module (a DDP's inner module)."""
+    out = []
+    for name, obj in objects.items():
+        if isinstance(obj, torch.nn.parallel.DistributedDataParallel):
+            obj = obj.module
+        if isinstance(obj, torch.nn.Module):
+            out += [(f"{name}.{n}", p) for n, p in obj.named_parameters()]
+    return out
+
+
+def fingerprint(params: list[tuple[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
+    """One int64 per tensor: the sum of its elements' bits; any changed element changes it."""
+    sums = []
+    for _, p in params:
+        t = p.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        if t.numel() == 0:
+            sums.append(torch.zeros((), dtype=torch.int64, device=t.device))
+            continue
+        view = t.view(_INT_OF_SIZE[t.element_size()]) if t.is_floating_point() else t
+        sums.append(view.sum(dtype=torch.int64))
+    if not sums:
+        return torch.zeros(0, dtype=torch.int64, device=device)
+    return torch.stack([s.to(device) for s in sums])
+
+
+class DivergenceGuard:
+    """`all_reduce(tensor, op)` is the job's (abortable) collective; `every` 0 = off."""
+
+    def __init__(self, every: int, all_reduce: Callable[[torch.Tensor, str], torch.Tensor]):
+        self.every = every
+        self._all_reduce = all_reduce
+        self.checks = 0
+        self.seconds = 0.0  # time the checks took, in all (their cost, reported)
+
+    def due(self, step: int, first_of_generation: bool) -> bool:
+        return self.every > 0 and (first_of_generation or step % self.every == 0)
+
+    def check(self, step: int, objects: Mapping[str, Any], device: torch.device) -> None:
+        """Raise ReplicaDivergence when the ranks' parameters differ after `step` steps."""
+        t0 = time.perf_counter()
+        params = named_parameters(objects)
+        mine = fingerprint(params, device)
+        high, low = mine.clone(), mine.clone()
+        self._all_reduce(high, "max")
+        self._all_reduce(low, "min")
+        self.checks += 1
+        self.seconds += time.perf_counter() - t0
+        differ = (high != low).nonzero().flatten().tolist()
+        if differ:
+            names = [params[i][0] for i in differ]
+            shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+            raise ReplicaDivergence(
+                f"the ranks' parameters differ after step {step} (the guard compares them "
+                f"after each generation's first step and every {self.every} steps): {shown}. "
+                "Data-parallel replicas must stay identical: wrap the model in "
+                "DistributedDataParallel (or ctx.prepare_model) and keep rank-dependent code "
+                "out of the update; a sharded model is not compared "
+                "(health.divergence_every_steps: 0)"
+            )

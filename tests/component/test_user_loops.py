@@ -1,0 +1,88 @@
+"""Train loops written the ordinary way, not around stalwart (issue 11), on a real
+multi-node local Ray: a torchrun DDP script converted with a few lines (examples/ddp), the
+replicas' divergence guard, BatchNorm under ctx.prepare_model."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.component.conftest import events_of, small_spec
+
+pytestmark = [pytest.mark.component, pytest.mark.timeout(600)]
+
+DDP_LOOP = "stalwart.examples.ddp.train:train_loop"
+
+
+def _ddp_spec(**changes):
+    return small_spec(
+        name="ddp",
+        entrypoint=DDP_LOOP,
+        steps=60,
+        config={"batch_size": 16, "lr": 0.05, "dropout": 0.1},
+        **changes,
+    )
+
+
+def test_a_torchrun_ddp_script_recovers_from_kill_hang_and_node_loss_to_the_same_model(
+    mrun, mbaseline
+):
+    """The loop builds its own DistributedDataParallel (BatchNorm, dropout, momentum, an LR
+    schedule, clipping) and calls init_process_group, barrier, broadcast and all_gather;
+    a killed worker, a hang (the others blocked in DDP's all-reduce or in all_gather) and a
+    lost node each recover, and the job ends with the failure-free model."""
+    abort_timeout = 10.0
+    spec = _ddp_spec(
+        failure={"max_restarts": 5, "abort_timeout_s": abort_timeout},
+        health__hang_timeout_s=4.0,
+        chaos__faults=[
+            {"kind": "kill_worker", "rank": 1, "at_step": 10},
+            {"kind": "hang", "rank": 2, "at_step": 25},
+            {"kind": "kill_node", "rank": 3, "at_step": 40, "after_commit": True},
+        ],
+    )
+    result = mrun(spec)
+    assert result["status"] == "succeeded", result["error"]
+    kinds = [f["kind"] for f in result["failures"]]
+    assert kinds[0] == "worker_died" and "hung" in kinds and "node_lost" in kinds, kinds
+    recoveries = events_of(result, "recovered")
+    assert len(recoveries) == 3, recoveries
+    # Every survivor blocked in a collective of the loop's own was released by the abort,
+    # none waited out failure.abort_timeout_s (which would then replace it cold).
+    for rec in recoveries:
+        assert rec["phases_s"]["abort"] < abort_timeout / 2, rec
+    assert events_of(result, "abort_timeout") == []
+    clean = mbaseline(spec)
+    assert result["model_digest"] == clean["model_digest"]
+    # It learned (the blob's quadrant is easy): the loss fell well below log(4) = 1.39.
+    assert clean["final_loss"] < 0.9, clean["final_loss"]
+
+
+def test_a_loop_whose_replicas_drift_fails_within_the_guards_window(mrun):
+    spec = small_spec(
+        name="drift",
+        entrypoint="tests.component.loops:diverging_loop",
+        steps=60,
+        health__divergence_every_steps=5,
+        config__diverge_rank=1,
+        config__diverge_at=12,
+    )
+    result = mrun(spec)
+    assert result["status"] == "failed"
+    message = result["error"]["message"]
+    assert "parameters differ after step 15" in message, message
+    assert "model." in message  # the tensor names
+    assert result["steps_completed"] < 20
+
+
+def test_batchnorm_under_prepare_model_trains_to_succeeded_with_buffers_broadcast(mrun):
+    """ctx.prepare_model with DDP's broadcast_buffers: the ranks' BatchNorm statistics
+    differ after the last step (DDP copies rank 0's at the next forward), which is not a
+    divergence; rank 0's model is the job's."""
+    spec = small_spec(
+        name="bn",
+        entrypoint="tests.component.loops:batchnorm_loop",
+        steps=30,
+    )
+    result = mrun(spec)
+    assert result["status"] == "succeeded", result["error"]
+    assert result["model_digest"]
