@@ -60,6 +60,7 @@ class WorkerFailure:
     error_type: str | None = None
     message: str | None = None
     traceback: str | None = None
+    output_tail: tuple[str, ...] = ()  # the rank's last printed lines (a user error)
     injected_at: float | None = None  # when a chaos fault fired, if this was one
     process_lost: bool = False  # the rank's process is gone (it cannot rejoin the group)
 

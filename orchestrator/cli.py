@@ -101,6 +101,12 @@ def _resume_value(value: str) -> str:
     help="with checkpoint.persist.uri: auto resumes from the newest valid durable "
     "checkpoint of this job (same name), never starts over, STEP resumes from that step",
 )
+@click.option(
+    "--all-ranks",
+    is_flag=True,
+    help="show every rank's printed lines live (default: rank 0's; all are kept under "
+    "OUTPUT/logs/)",
+)
 def run(
     file: str,
     overrides: tuple[str, ...],
@@ -109,6 +115,7 @@ def run(
     fmt: str,
     num_cpus: int | None,
     resume: str,
+    all_ranks: bool = False,
 ) -> None:
     """Train the job in FILE, recovering from failures, and print a summary."""
     from stalwart.orchestrator.driver import (
@@ -152,7 +159,12 @@ def run(
                 highlight=False,
             )
             with ProgressView(console, spec.name) as view:
-                result = run_job(spec, opts, on_progress=view.update)
+                result = run_job(
+                    spec,
+                    opts,
+                    on_progress=view.update,
+                    on_output=lambda lines: view.output(lines, all_ranks),
+                )
     except (ClusterUnreachable, JobAlreadyRunning, UnsupportedDependency) as e:
         err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)
@@ -368,6 +380,34 @@ def uncordon(node: str, job: str, address: str) -> None:
         click.echo(f"uncordoned {matches[0]} for job {job}")
     finally:
         ray.shutdown()
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--rank", type=int, default=None, help="one rank's lines (default: all, merged)")
+@click.option("-f", "--follow", is_flag=True, help="keep printing lines as they are written")
+def logs(run_dir: str, rank: int | None, follow: bool) -> None:
+    """Print what the ranks of a run printed (RUN_DIR/logs/), in time order."""
+    from stalwart.orchestrator.observe.logs import LogError, log_files, merged
+
+    err = Console(stderr=True)
+    try:
+        paths = log_files(Path(run_dir), rank)
+    except LogError as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True, markup=False)
+        sys.exit(EXIT_USAGE)
+    offsets: dict[Path, int] = {}
+    try:
+        while True:
+            for line in merged(paths, offsets):
+                click.echo(line)
+            if not follow:
+                return
+            time.sleep(STATUS_WATCH_S)  # polling the files, as `tail -f` does
+            if rank is None:
+                paths = log_files(Path(run_dir))  # a rank that printed its first line
+    except KeyboardInterrupt:
+        sys.exit(EXIT_CANCELLED)
 
 
 from stalwart.orchestrator.cli_dashboards import dashboards as _dashboards  # noqa: E402

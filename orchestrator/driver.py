@@ -11,13 +11,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from stalwart.orchestrator.compat import require_ray
+from stalwart.orchestrator.observe.logs import RunLogs
 from stalwart.orchestrator.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -121,8 +122,10 @@ def run_job(
     spec: JobSpec,
     opts: RunOptions,
     on_progress: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
+    on_output: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run `spec` to the end. Returns result.json's content (also written to opts.output)."""
+    """Run `spec` to the end. Returns result.json's content (also written to opts.output).
+    `on_output`: the lines the ranks print, as they arrive (all kept under OUTPUT/logs/)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -132,6 +135,7 @@ def run_job(
     out.mkdir(parents=True, exist_ok=True)
     events_path = out / "events.jsonl"
     events_path.write_text("")
+    logs = RunLogs(out)
     where = connect(opts.address, spec, opts.num_cpus, opts.connect_timeout_s)
     try:
         name = f"stalwart-{spec.name}"
@@ -158,8 +162,10 @@ def run_job(
 
         supervisor = start(None)
         restarts = 0
-        with events_path.open("a") as events_file:
-            follower = _Follower(supervisor, supervisor.run.remote(), events_file, on_progress, out)
+        with events_path.open("a") as events_file, _ray_messages_to(logs):
+            follower = _Follower(
+                supervisor, supervisor.run.remote(), events_file, on_progress, out, logs, on_output
+            )
             while True:
                 try:
                     result = follower.follow()
@@ -195,6 +201,33 @@ def run_job(
         return result
     finally:
         ray.shutdown()
+        logs.close()
+
+
+@contextlib.contextmanager
+def _ray_messages_to(logs: RunLogs) -> Iterator[None]:
+    """Ray's driver prints what the raylets report (a worker died, a node was marked dead)
+    as paragraphs into the terminal, over the progress view, for faults stalwart reports in
+    one line of its own: keep them in OUTPUT/logs/ray.log instead. (Ray's private printer;
+    where a Ray version has none by that name, its messages print as before.)"""
+    import ray._private.worker as ray_worker
+
+    original = getattr(ray_worker, "print_to_stdstream", None)
+    if original is None:
+        yield
+        return
+
+    def to_log(data: dict[str, Any], ignore_prefix: bool = False) -> None:
+        if data.get("pid") == "raylet":
+            logs.note("\n".join(data.get("lines", [])))
+        else:
+            original(data, ignore_prefix)
+
+    ray_worker.print_to_stdstream = to_log
+    try:
+        yield
+    finally:
+        ray_worker.print_to_stdstream = original
 
 
 def _linger(seconds: float, url: str | None) -> None:
@@ -256,13 +289,18 @@ class _Follower:
         events_file: Any,
         on_progress: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None,
         out: Path | None = None,
+        logs: RunLogs | None = None,
+        on_output: Callable[[list[dict[str, Any]]], None] | None = None,
     ):
         self.supervisor = supervisor
         self.done = done
         self.events_file = events_file
         self.on_progress = on_progress
         self.out = out
+        self.logs = logs
+        self.on_output = on_output
         self.seen = 0
+        self.output_seen = 0
         self.last_progress: dict[str, Any] | None = None
 
     def note(self, kind: str, **fields: Any) -> None:
@@ -275,14 +313,15 @@ class _Follower:
 
     def rebind(self, supervisor: Any, done: Any) -> None:
         """Follow a new supervisor (its event log starts at 0)."""
-        self.supervisor, self.done, self.seen = supervisor, done, 0
+        self.supervisor, self.done, self.seen, self.output_seen = supervisor, done, 0, 0
 
     def follow(self) -> dict[str, Any]:
         import ray
 
         while True:
             finished, _ = ray.wait([self.done], timeout=POLL_INTERVAL_S)
-            update = ray.get(self.supervisor.poll.remote(self.seen))
+            update = ray.get(self.supervisor.poll.remote(self.seen, self.output_seen))
+            self._take_output(update.get("output"))
             for event in update["events"]:
                 if event["type"] == "stacks" and self.out is not None:
                     event = self._write_stacks(event)
@@ -293,7 +332,25 @@ class _Follower:
             if self.on_progress:
                 self.on_progress(update["progress"], update["events"])
             if finished:
+                # The ranks' last lines reached the supervisor before their outcomes.
+                for _ in range(100):
+                    more = ray.get(self.supervisor.poll.remote(self.seen, self.output_seen))
+                    if not more["output"]["lines"]:
+                        break
+                    self._take_output(more["output"])
                 return ray.get(self.done)
+
+    def _take_output(self, output: dict[str, Any] | None) -> None:
+        if not output:
+            return
+        self.output_seen = output["next"]
+        lines = output["lines"]
+        if output["missed"] and self.logs is not None:
+            self.logs.note(f"[stalwart: {output['missed']} lines of the ranks' output missed]")
+        if lines and self.logs is not None:
+            self.logs.write(lines)
+        if lines and self.on_output:
+            self.on_output(lines)
 
     def _write_stacks(self, event: dict[str, Any]) -> dict[str, Any]:
         """Stacks go to OUTPUT/stacks/gen<G>-rank<R>.txt; the event keeps their paths."""

@@ -11,6 +11,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from stalwart.orchestrator.observe.logs import live_prefix
+
 _STATE_STYLE = {
     "RUNNING": "green",
     "RECOVERING": "yellow",
@@ -49,6 +51,15 @@ class ProgressView:
             if line is not None:
                 self._live.console.print(line)
         self._live.update(self._render())
+
+    def output(self, lines: list[dict[str, Any]], all_ranks: bool = False) -> None:
+        """The ranks' printed lines above the live line: rank 0's, or every rank's."""
+        for line in lines:
+            if all_ranks or line.get("rank") == 0:
+                self._live.console.print(
+                    Text(f"{live_prefix(line)} ", style="dim").append(line["line"], style=""),
+                    soft_wrap=True,
+                )
 
     def _rate(self) -> float | None:
         if len(self._window) < 2:
@@ -237,6 +248,9 @@ def print_summary(console: Console, result: dict[str, Any]) -> None:
     if result.get("error"):
         err = result["error"]
         parts.append(Text(f"error: {err['message']}", style="red"))
+        if err.get("output_tail"):
+            parts.append(Text(f"rank {err.get('rank')} printed last:", style="red"))
+            parts.append(Text("\n".join(f"  {line}" for line in err["output_tail"]), style="dim"))
         if err.get("traceback"):
             parts.append(
                 Text(f"rank {err.get('rank')} traceback:\n{err['traceback']}", style="red")

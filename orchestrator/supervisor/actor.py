@@ -34,6 +34,7 @@ from stalwart.orchestrator.supervisor.detect import Detection
 from stalwart.orchestrator.supervisor.elastic import Elastic
 from stalwart.orchestrator.supervisor.generation import Generation
 from stalwart.orchestrator.supervisor.ledger import Ledger
+from stalwart.orchestrator.supervisor.output import OutputLog
 from stalwart.orchestrator.supervisor.pool import WorkerPool
 from stalwart.orchestrator.supervisor.preflight import Preflight
 from stalwart.orchestrator.supervisor.recovery import Recovering, Recovery
@@ -65,6 +66,7 @@ class JobSupervisor:
         self.store_key = store_key or f"{self.spec.name}-{uuid.uuid4().hex[:12]}"
         self.home_node = ray.get_runtime_context().get_node_id()
         self.events = EventLog()
+        self.output = OutputLog()
         self.metrics = JobMetrics(self.spec.name)
         self.events.subscribe(self.metrics.on_event)
         self.metrics_url: str | None = None
@@ -148,8 +150,17 @@ class JobSupervisor:
             self.gen.close()
         return self.result()
 
-    def poll(self, since: int = 0) -> dict[str, Any]:
-        return {"events": self.events.since(since), "progress": self.progress()}
+    def poll(self, since: int = 0, output_since: int | None = None) -> dict[str, Any]:
+        """Events from number `since` on, the progress, and (with `output_since`) the
+        lines the ranks printed from that number on."""
+        update = {"events": self.events.since(since), "progress": self.progress()}
+        if output_since is not None:
+            update["output"] = self.output.since(output_since)
+        return update
+
+    def worker_output(self, lines: list[dict[str, Any]]) -> None:
+        """A batch of lines a rank printed (worker/output.py)."""
+        self.output.add(lines)
 
     def cancel(self) -> None:
         self._cancel.set()

@@ -158,6 +158,7 @@ class Generation:
             error_type=out.get("error_type"),
             message=out.get("message"),
             traceback=out.get("traceback"),
+            output_tail=tuple(out.get("output_tail", ())),
         )
 
     @property

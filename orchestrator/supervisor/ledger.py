@@ -59,6 +59,7 @@ class Ledger:
                 kind=root.kind.value,
                 error_type=root.error_type,
                 traceback=root.traceback,
+                output_tail=list(root.output_tail),
             )
 
     def record_failures(

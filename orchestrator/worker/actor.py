@@ -39,6 +39,7 @@ from stalwart.orchestrator.worker.collective import (
 )
 from stalwart.orchestrator.worker.context import TrainContext
 from stalwart.orchestrator.worker.entrypoint import load_entrypoint
+from stalwart.orchestrator.worker.output import OutputCapture
 
 HEARTBEAT_INTERVAL_S = 0.25  # at least this often
 HEARTBEAT_MIN_GAP_S = 0.05  # at most this often: a step's end sends one early
@@ -75,6 +76,15 @@ class TrainWorker:
         self.spec = spec
         cpus = spec["resources"]["cpu"]
         torch.set_num_threads(max(1, int(cpus)))
+        self.generation = 0
+        # What the loop prints reaches the driver (from the import of its module on).
+        self.output = OutputCapture(
+            tag=lambda: (self.rank, self.generation),
+            send=lambda lines: (
+                self.supervisor.worker_output.remote(lines) if self.supervisor else None
+            ),
+        )
+        self.output.install()
         # Before the loop's module is imported: it may bind init_process_group by name.
         torchrun.install()
         self.fn = load_entrypoint(spec["entrypoint"], base_dir)
@@ -94,7 +104,6 @@ class TrainWorker:
         self._sent_metas: tuple | None = None  # the layout the agent already has
         self.pipeline = SnapshotPipeline(self._send, pin_memory=self.device.type == "cuda")
         self.ctx: TrainContext | None = None
-        self.generation = 0
         self._timings: dict[str, float] = {}
         self._stop = threading.Event()
         self._stepped = threading.Event()
@@ -212,6 +221,7 @@ class TrainWorker:
                 )
             if not self.pipeline.drain(timeout=60):
                 raise RuntimeError("final snapshot was not handed over within 60 s")
+            self.output.flush()
             return self._outcome(
                 "finished",
                 timings,
@@ -219,6 +229,7 @@ class TrainWorker:
                 params_digest=ctx.params_digest(),
             )
         except Exception as e:
+            self.output.flush()  # the supervisor has the rank's last lines before its failure
             interrupted = self.group.aborted is not None and self.group.generation == generation
             if ctx._interrupt is not None or (interrupted and is_comm_error(e)):
                 return self._outcome("interrupted", timings)
@@ -235,6 +246,7 @@ class TrainWorker:
                 error_type=type(e).__name__,
                 message=str(e)[:2000],
                 traceback=traceback.format_exc(),
+                output_tail=self.output.tail(self.rank),
             )
 
     def abort(self, generation: int, reason: str) -> bool:

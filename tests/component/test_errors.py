@@ -41,6 +41,8 @@ def test_user_error_fails_fast_with_rank_and_traceback(run):
     assert "raising_loop" in err["traceback"] or "report" in err["traceback"]
     assert "DataCorrupted" in err["traceback"]
     assert result["restarts"] == 0  # not retried
+    # What the rank printed last, beside its traceback (the loop prints at step 0).
+    assert err["output_tail"] == ["step 0: loss " + err["output_tail"][0].split()[-1]]
 
 
 def test_user_error_retried_within_budget_then_fails(run):

@@ -32,8 +32,18 @@ def test_quickstart_kill_recovers_to_the_failure_free_model(tmp_path):
         "final loss",
         "steps redone",
         "worker_died",
+        # What rank 0's loop prints, live, before and after the recovery.
+        "[rank 0 gen 1] step 50: loss",
+        "[rank 0 gen 2] step 150: loss",
     ):
         assert text in out, f"{text!r} not in output:\n{out}"
+    # Ray's paragraph about the killed worker is kept out of the terminal, in logs/ray.log.
+    assert "A worker died" not in out + with_kill.stderr
+    assert "[rank 1 gen" not in out  # the other ranks' lines: in the logs only
+    rank1 = stalwart("logs", str(tmp_path / "kill"), "--rank", "1")
+    assert rank1.returncode == 0, rank1.stderr
+    assert rank1.stdout.startswith("[rank 1 gen 1] step 0: loss"), rank1.stdout
+    assert "[rank 1 gen 2] step 100: loss" in rank1.stdout
     killed = json.loads((tmp_path / "kill" / "result.json").read_text())
 
     clean = stalwart(
