@@ -410,9 +410,11 @@ def logs(run_dir: str, rank: int | None, follow: bool) -> None:
         sys.exit(EXIT_CANCELLED)
 
 
+from stalwart.orchestrator.cli_checkpoint import checkpoint as _checkpoint  # noqa: E402
 from stalwart.orchestrator.cli_dashboards import dashboards as _dashboards  # noqa: E402
 
 main.add_command(_dashboards)
+main.add_command(_checkpoint)
 
 
 if __name__ == "__main__":
