@@ -187,3 +187,26 @@ def state_digest(state_dict: dict[str, torch.Tensor]) -> str:
         h.update(str(tuple(t.shape)).encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+def nested_digest(state: Any) -> str:
+    """sha256 over any state dict (an optimizer's, nested): every tensor's path, dtype,
+    shape and bytes, every other leaf's path and repr, in a fixed order."""
+    h = hashlib.sha256()
+
+    def walk(obj: Any, path: str) -> None:
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach().cpu().contiguous()
+            h.update(f"{path}:{t.dtype}:{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(obj, dict):
+            for key in sorted(obj, key=repr):
+                walk(obj[key], f"{path}/{key!r}")
+        elif isinstance(obj, list | tuple):
+            for i, item in enumerate(obj):
+                walk(item, f"{path}[{i}]")
+        else:
+            h.update(f"{path}={obj!r}".encode())
+
+    walk(state, "")
+    return h.hexdigest()

@@ -47,11 +47,13 @@ _API = {
     "load_spec": "stalwart.orchestrator.spec",
     "validate": "stalwart.orchestrator.spec",
     "TrainContext": "stalwart.orchestrator.worker.context",
+    "Epochs": "stalwart.orchestrator.worker.data",
     "UnsupportedDependency": "stalwart.orchestrator.compat",
 }
 
 __all__ = [
     "ClusterUnreachable",
+    "Epochs",
     "JobAlreadyRunning",
     "JobSpec",
     "RunOptions",
@@ -76,6 +78,7 @@ if TYPE_CHECKING:
     )
     from stalwart.orchestrator.spec import JobSpec, SpecError, load_spec, validate
     from stalwart.orchestrator.worker.context import TrainContext
+    from stalwart.orchestrator.worker.data import Epochs
 
 
 def __getattr__(name: str) -> Any:

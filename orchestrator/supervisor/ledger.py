@@ -252,6 +252,15 @@ class Ledger:
             "total_steps": total_steps,
             "final_loss": sum(losses) / len(losses) if losses else None,
             "model_digest": digests[0] if digests else None,
+            # Rank 0's, per registered object (model, optimizer, EMA, data position, ...).
+            "object_digests": next(
+                (
+                    o["object_digests"]
+                    for o in sorted(outs, key=lambda o: o["rank"])
+                    if o.get("object_digests")
+                ),
+                {},
+            ),
             "workers": p["workers"],
             "resizes": self.resizes,
             "generations": p["generations"],

@@ -227,6 +227,7 @@ class TrainWorker:
                 timings,
                 digest=ctx.model_digest(),
                 params_digest=ctx.params_digest(),
+                object_digests=ctx.object_digests(),
             )
         except Exception as e:
             self.output.flush()  # the supervisor has the rank's last lines before its failure
@@ -296,8 +297,8 @@ class TrainWorker:
             "outcome": outcome,
             "step": p.step,
             "metrics": dict(p.metrics),
-            "samples": p.samples,
-            "tokens": p.tokens,
+            "samples": p.processed_samples,  # throughput: redone steps count again
+            "tokens": p.processed_tokens,
             "timings": timings,
             "node_id": self.node_id,
             "pipeline": vars(self.pipeline.stats).copy(),
@@ -440,8 +441,8 @@ class TrainWorker:
             "pid": os.getpid(),
             "step": p.step if p else 0,
             "metrics": dict(p.metrics) if p else {},
-            "samples": p.samples if p else 0.0,
-            "tokens": p.tokens if p else 0.0,
+            "samples": p.processed_samples if p else 0.0,
+            "tokens": p.processed_tokens if p else 0.0,
             "compute_seconds": p.compute_seconds if p else 0.0,
             "collective_seconds": p.collective_seconds if p else 0.0,
             "recent": list(p.recent) if p else [],

@@ -28,8 +28,9 @@ import torch
 from stalwart.ckpt.pipeline import SnapshotPipeline
 from stalwart.ckpt.sharded import rank_local_view
 from stalwart.ckpt.skeleton import UnsafeState, format_path
-from stalwart.ckpt.snapshot import Snapshot, restore, state_digest
+from stalwart.ckpt.snapshot import Snapshot, nested_digest, restore, state_digest
 from stalwart.orchestrator.worker.collective import ElasticGroup, GroupAborted, make_ddp, solo_group
+from stalwart.orchestrator.worker.data import stateful
 from stalwart.orchestrator.worker.divergence import DivergenceGuard, named_parameters
 
 RECENT_STEPS = 32
@@ -68,8 +69,10 @@ class Progress:
 
     step: int = 0  # steps completed
     metrics: dict[str, float] = field(default_factory=dict)
-    samples: float = 0.0
+    samples: float = 0.0  # trained into the model: restored with a step (ctx.progress)
     tokens: float = 0.0
+    processed_samples: float = 0.0  # this process's throughput: never rolled back
+    processed_tokens: float = 0.0
     compute_seconds: float = 0.0  # last step's time in the loop body minus collective waits
     collective_seconds: float = 0.0  # last step's time waiting in collectives
     # (step, compute seconds, cycle seconds) of recent steps, for straggler detection
@@ -209,12 +212,7 @@ class TrainContext:
         A sharded optimizer (ZeroRedundancyOptimizer) is checkpointed as this rank's shard
         only, and restored only into the same rank of the same world (ckpt/sharded.py)."""
         for name, obj in objects.items():
-            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise TypeError(
-                    f"ctx.register({name}=...): needs state_dict() and load_state_dict(), "
-                    f"got {type(obj).__name__}"
-                )
-            self._objects[name] = rank_local_view(obj)
+            self._objects[name] = rank_local_view(stateful(name, obj))
 
     @property
     def process_group(self) -> torch.distributed.ProcessGroup:
@@ -257,9 +255,12 @@ class TrainContext:
 
     def report(self, **metrics: float) -> None:
         """Report scalars for this step (e.g. loss). `samples` and `tokens` are summed."""
+        p = self.progress
         for key in ("samples", "tokens"):
             if key in metrics:
-                setattr(self.progress, key, getattr(self.progress, key) + float(metrics.pop(key)))
+                n = float(metrics.pop(key))
+                setattr(p, key, getattr(p, key) + n)
+                setattr(p, f"processed_{key}", getattr(p, f"processed_{key}") + n)
         self.progress.metrics.update({k: float(v) for k, v in metrics.items()})
 
     def steps(self) -> Iterator[int]:
@@ -310,6 +311,8 @@ class TrainContext:
             "step": step,
             "objects": {name: obj.state_dict() for name, obj in self._objects.items()},
             "rng": capture_rng(),
+            # The counters roll back with the restore: redone steps are not counted twice.
+            "counters": {"samples": self.progress.samples, "tokens": self.progress.tokens},
         }
 
     def _restore(self) -> int:
@@ -318,6 +321,7 @@ class TrainContext:
             # A fresh start: commit the initial state as step 0, so there is always a
             # consistent point to return to.
             self.progress.step = 0
+            self.progress.samples = self.progress.tokens = 0.0
             self.progress.setup_done_at = self.progress.fetched_at = time.time()
             self._snapshot(0)
             self.progress.restored_at = time.time()
@@ -342,6 +346,10 @@ class TrainContext:
             if isinstance(obj, torch.nn.Module):
                 obj.zero_grad(set_to_none=True)
         apply_rng(state["rng"])
+        counters = state.get("counters")  # absent from snapshots of older versions
+        if counters is not None:
+            self.progress.samples = counters["samples"]
+            self.progress.tokens = counters["tokens"]
         self.progress.step = state["step"]
         self.progress.restored_at = time.time()
         self.progress.restored_step = state["step"]
@@ -363,6 +371,16 @@ class TrainContext:
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             sd = {k.removeprefix("module."): v for k, v in sd.items()}
         return state_digest(sd)
+
+    def object_digests(self) -> dict[str, str]:
+        """A digest of every registered object's state (a DDP's without `module.`): what
+        `stalwart verify` and the chaos oracle compare, object by object."""
+        out = {}
+        for name, obj in self._objects.items():
+            if isinstance(obj, torch.nn.parallel.DistributedDataParallel):
+                obj = obj.module
+            out[name] = nested_digest(obj.state_dict())
+        return out
 
     def params_digest(self) -> str | None:
         """The digest of the registered model's parameters only: what replicas must share

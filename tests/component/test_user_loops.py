@@ -86,3 +86,32 @@ def test_batchnorm_under_prepare_model_trains_to_succeeded_with_buffers_broadcas
     result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]
     assert result["model_digest"]
+
+
+def test_the_ordinary_dataloader_path_recovers_to_the_same_model(mrun, mbaseline):
+    """StatefulDataLoader with 2 worker processes over a shuffling DistributedSampler,
+    epochs (8 steps each), augmentation from the global python and numpy RNGs, gradient
+    accumulation with no_sync() and an EMA model (examples/ddp/train_loader.py): a killed
+    worker, a hang and a lost node, and the failure-free model, EMA included."""
+    spec = small_spec(
+        name="loader",
+        entrypoint="stalwart.examples.ddp.train_loader:train_loop",
+        steps=45,
+        config={"batch_size": 8, "accumulate": 2, "num_workers": 2, "lr": 0.05},
+        failure={"max_restarts": 5},
+        health__hang_timeout_s=4.0,
+        chaos__faults=[
+            {"kind": "kill_worker", "rank": 1, "at_step": 8},
+            {"kind": "hang", "rank": 2, "at_step": 20},
+            {"kind": "kill_node", "rank": 3, "at_step": 33, "after_commit": True},
+        ],
+    )
+    result = mrun(spec)
+    assert result["status"] == "succeeded", result["error"]
+    assert len(events_of(result, "recovered")) == 3
+    clean = mbaseline(spec)
+    assert result["model_digest"] == clean["model_digest"]
+    # Every registered object ends as without faults: the EMA, the optimizer's momentum,
+    # the schedule and the data position.
+    assert set(result["object_digests"]) == {"model", "ema", "optimizer", "scheduler", "data"}
+    assert result["object_digests"] == clean["object_digests"]
