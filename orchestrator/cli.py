@@ -17,21 +17,15 @@ from stalwart.orchestrator.cli_conventions import (
     EXIT_FAILED,
     EXIT_USAGE,
     format_option,
+    load_job,
 )
 from stalwart.orchestrator.compat import UnsupportedDependency
-from stalwart.orchestrator.spec import SpecError, json_schema, load_spec
+from stalwart.orchestrator.spec import json_schema
 
 STATUS_WATCH_S = 1.0  # how often `stalwart status --watch` asks
 
 
-def _load(file: str, overrides: tuple[str, ...], console: Console):
-    try:
-        return load_spec(file, list(overrides))
-    except SpecError as e:
-        console.print(f"[red]error:[/red] invalid job spec {e.source}", highlight=False)
-        for line in e.errors:
-            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(EXIT_USAGE)
+_load = load_job
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -412,8 +406,10 @@ def logs(run_dir: str, rank: int | None, follow: bool) -> None:
 
 from stalwart.orchestrator.cli_checkpoint import checkpoint as _checkpoint  # noqa: E402
 from stalwart.orchestrator.cli_dashboards import dashboards as _dashboards  # noqa: E402
+from stalwart.orchestrator.cli_verify import verify as _verify  # noqa: E402
 
 main.add_command(_dashboards)
+main.add_command(_verify)
 main.add_command(_checkpoint)
 
 

@@ -3,7 +3,12 @@ orchestrator/cli_dashboards.py): exit codes and the `-o/--output-format` option.
 
 from __future__ import annotations
 
+import sys
+
 import click
+from rich.console import Console
+
+from stalwart.orchestrator.spec import JobSpec, SpecError, load_spec
 
 EXIT_FAILED = 1  # the job, or the service asked (Grafana), failed
 EXIT_USAGE = 2  # bad input: a spec, a file, an address, a token
@@ -20,3 +25,14 @@ def format_option(help_json: str):
         default="text",
         help=help_json,
     )
+
+
+def load_job(file: str, overrides: tuple[str, ...], console: Console) -> JobSpec:
+    """The job spec in `file` with `--set` overrides, or exit 2 listing every error."""
+    try:
+        return load_spec(file, list(overrides))
+    except SpecError as e:
+        console.print(f"[red]error:[/red] invalid job spec {e.source}", highlight=False)
+        for line in e.errors:
+            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(EXIT_USAGE)

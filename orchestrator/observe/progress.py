@@ -132,6 +132,8 @@ def _event_line(e: dict[str, Any]) -> Text | None:
             f"{where} ({phases})",
             style="green",
         )
+    if t == "exactness_warning":
+        return Text(f"{ts} warning: {e['reason']}", style="yellow")
     if t == "metrics_exporter":
         return Text(f"{ts} metrics at {e['url']}", style="cyan")
     if t == "metrics_unavailable":

@@ -158,6 +158,10 @@ class JobSupervisor:
             update["output"] = self.output.since(output_since)
         return update
 
+    def record_warning(self, rank: int, message: str) -> None:
+        """A rank found state a recovery would lose (worker/exactness.py)."""
+        self.events.emit("exactness_warning", rank=rank, reason=message)
+
     def worker_output(self, lines: list[dict[str, Any]]) -> None:
         """A batch of lines a rank printed (worker/output.py)."""
         self.output.add(lines)

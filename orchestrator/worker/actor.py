@@ -175,6 +175,7 @@ class TrainWorker:
                 on_fault=self._on_fault,
                 on_step=self._stepped.set,
                 divergence_every=self.spec["health"]["divergence_every_steps"],
+                on_warning=self._warn,
             )
         ctx = self.ctx
         ctx.begin_generation(
@@ -266,6 +267,12 @@ class TrainWorker:
         self._stop.set()
 
     # --- internals ----------------------------------------------------------------------------
+
+    def _warn(self, message: str) -> None:
+        """An exactness warning (worker/exactness.py): an event, and a line in the log."""
+        print(f"stalwart: warning: {message}", file=sys.stderr)
+        if self.supervisor is not None:
+            self.supervisor.record_warning.remote(self.rank, message)
 
     def _torchrun_env(
         self, generation: int, rendezvous: dict[str, Any], local_rank: int

@@ -32,6 +32,7 @@ from stalwart.ckpt.snapshot import Snapshot, nested_digest, restore, state_diges
 from stalwart.orchestrator.worker.collective import ElasticGroup, GroupAborted, make_ddp, solo_group
 from stalwart.orchestrator.worker.data import stateful
 from stalwart.orchestrator.worker.divergence import DivergenceGuard, named_parameters
+from stalwart.orchestrator.worker.exactness import unregistered
 
 RECENT_STEPS = 32
 
@@ -143,6 +144,7 @@ class TrainContext:
         on_step: Callable[[], None] = lambda: None,
         distributed: bool | None = None,
         divergence_every: int = 0,
+        on_warning: Callable[[str], None] = lambda message: None,
     ):
         self.rank = rank
         self.world_size = world_size
@@ -168,6 +170,8 @@ class TrainContext:
         self._slow = 1.0  # chaos: compute time multiplier
         self.progress = Progress()
         self.divergence = DivergenceGuard(divergence_every, self.all_reduce)
+        self._on_warning = on_warning
+        self._checked_exactness = False
 
     # --- called by the worker between generations -------------------------------------------
 
@@ -268,6 +272,10 @@ class TrainContext:
         if not self._objects:
             raise RuntimeError("call ctx.register(model=..., optimizer=...) before ctx.steps()")
         start = self._restore()
+        if not self._checked_exactness and self.rank == 0:
+            self._checked_exactness = True  # once per process: the first generation's objects
+            for message in unregistered(self._objects):
+                self._on_warning(message)
         p, group = self.progress, self.group
         last_end: float | None = None
         guard = self.divergence if self.distributed else None

@@ -110,3 +110,30 @@ def batchnorm_loop(ctx) -> None:
         loss.backward()
         optimizer.step()
         ctx.report(loss=loss.item(), samples=8)
+
+
+def scheduler_loop(ctx) -> None:
+    """A small CNN with a step LR schedule; `register_scheduler: false` forgets to register
+    the scheduler (its schedule then starts over after a recovery)."""
+    import torch
+    import torch.nn.functional as F
+
+    from stalwart.examples.ddp.train import Net, dataset
+
+    data = dataset()
+    model = ctx.prepare_model(Net())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
+    if ctx.config.get("register_scheduler", True):
+        ctx.register(model=model, optimizer=optimizer, scheduler=scheduler)
+    else:
+        ctx.register(model=model, optimizer=optimizer)
+    for step in ctx.steps():
+        lo = (step * ctx.world_size + ctx.rank) * 8 % len(data)
+        images, labels = data[lo : lo + 8]
+        loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        ctx.report(loss=loss.item(), samples=8)

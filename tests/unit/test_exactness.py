@@ -1,0 +1,90 @@
+"""State a recovery would lose, found at the first snapshot (worker/exactness.py), and two
+restored states compared object by object (ckpt/compare.py, `stalwart verify`)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.optim.swa_utils import AveragedModel
+
+from stalwart.ckpt.compare import compare_objects
+from stalwart.orchestrator.worker.collective import local_group
+from stalwart.orchestrator.worker.exactness import unregistered
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def parts():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5)
+    ema = AveragedModel(model)
+    scaler = torch.amp.GradScaler("cpu")
+    return model, opt, sched, ema, scaler
+
+
+def test_unregistered_scheduler_ema_and_scaler_are_named(parts):
+    model, opt, _sched, _ema, _scaler = parts
+    t0 = time.perf_counter()
+    found = unregistered({"model": model, "optimizer": opt})
+    took = time.perf_counter() - t0
+    assert len(found) == 3, found
+    assert any("LR scheduler (StepLR)" in f and "'optimizer'" in f for f in found)
+    assert any("GradScaler" in f for f in found)
+    assert any("AveragedModel" in f for f in found)
+    print(f"scan took {took * 1000:.0f} ms")
+
+
+def test_everything_registered_gives_no_warning(parts):
+    model, opt, sched, ema, scaler = parts
+    assert (
+        unregistered(
+            {"model": model, "optimizer": opt, "scheduler": sched, "ema": ema, "scaler": scaler}
+        )
+        == []
+    )
+
+
+def test_an_unregistered_optimizer_of_a_registered_ddp_model_is_named():
+    net = torch.nn.Linear(3, 3)
+    ddp = torch.nn.parallel.DistributedDataParallel(net, process_group=local_group())
+    opt = torch.optim.Adam(ddp.parameters())
+    found = unregistered({"model": ddp})
+    assert any("optimizer (Adam)" in f for f in found), found
+    assert unregistered({"model": ddp, "optimizer": opt}) == []
+
+
+def _state(model, opt, step=3):
+    return {"step": step, "objects": {"model": model.state_dict(), "optimizer": opt.state_dict()}}
+
+
+def test_compare_names_the_first_differing_tensor_and_value():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    a = _state(model, opt)
+    b = {
+        "objects": {
+            "model": {k: v.clone() for k, v in a["objects"]["model"].items()},
+            "optimizer": {**a["objects"]["optimizer"]},
+        }
+    }
+    assert all(d.identical for d in compare_objects(a, b))
+    b["objects"]["model"]["weight"][1, 2] += 1e-6
+    b["objects"]["optimizer"] = {
+        **a["objects"]["optimizer"],
+        "param_groups": [{**a["objects"]["optimizer"]["param_groups"][0], "lr": 0.05}],
+    }
+    model_diff, opt_diff = compare_objects(a, b)
+    assert (model_diff.name, model_diff.identical, model_diff.path) == ("model", False, "weight")
+    assert "1 of 6 elements differ" in model_diff.detail
+    assert (opt_diff.identical, opt_diff.path) == (False, "param_groups[0]/lr")
+    assert opt_diff.detail == "0.1 vs 0.05"
+    del b["objects"]["optimizer"]
+    [_, gone] = compare_objects(a, b)
+    assert gone.detail == "not registered in the second run"
