@@ -111,6 +111,8 @@ def _print(console: Console, verdict) -> None:
         where = f"{d.path}: {d.detail}" if d.path else str(d.detail)
         table.add_row(name, ", ".join(map(str, sorted(bad))), "[red]differs[/red]", where)
     console.print(table)
+    for warning in verdict.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
     if verdict.identical:
         console.print(
             "[green]PASS[/green]: the recovered run ends with the same state, bit for bit"

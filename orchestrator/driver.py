@@ -138,6 +138,9 @@ def run_job(
     logs = RunLogs(out)
     where = connect(opts.address, spec, opts.num_cpus, opts.connect_timeout_s)
     try:
+        if spec.output_dir is None and (where == "embedded" or _one_machine()):
+            # Every worker can write the run directory: ctx.output_dir is in it.
+            spec = spec.model_copy(update={"output_dir": str((out / "output").resolve())})
         name = f"stalwart-{spec.name}"
         _wait_for_name(name)
         # One store key for every supervisor of this run: a restarted one finds the node
@@ -268,6 +271,14 @@ def _wait_for_name(name: str, timeout_s: float = NAME_WAIT_S) -> None:
                 f"within {timeout_s:g} s"
             )
         time.sleep(0.5)  # Ray is removing the dead one; bounded by the deadline
+
+
+def _one_machine() -> bool:
+    """Every node of the cluster is this machine (a local multi-node cluster, say)."""
+    import ray
+
+    here = ray.util.get_node_ip_address()
+    return all(n["NodeManagerAddress"] == here for n in ray.nodes() if n["Alive"])
 
 
 def _head_node() -> str:

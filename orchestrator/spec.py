@@ -402,6 +402,12 @@ class JobSpec(_Model):
     config: dict[str, Any] = Field(
         default_factory=dict, description="free-form settings handed to the train loop"
     )
+    output_dir: str | None = Field(
+        None,
+        description="where the loop saves what it keeps (ctx.output_dir, e.g. the final "
+        "model from rank 0): a path every node can write, or an fsspec URL; default: "
+        "OUTPUT/output when the cluster is this machine, else under checkpoint.persist.uri",
+    )
     runtime_env: dict[str, Any] = Field(
         default_factory=dict, description="passed to Ray as the workers' runtime_env"
     )

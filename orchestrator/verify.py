@@ -11,7 +11,9 @@ up here before a month-long run finds it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ class Verdict:
     rank: int
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # clean/faulty -> result
     diffs: dict[int, list[ObjectDiff]] = field(default_factory=dict)  # rank -> objects
+    warnings: list[str] = field(default_factory=list)  # the job's exactness warnings
     error: str | None = None
 
     @property
@@ -50,6 +53,7 @@ class Verdict:
             "kill_at": self.kill_at,
             "rank": self.rank,
             "error": self.error,
+            "warnings": self.warnings,
             "runs": {
                 k: {x: r.get(x) for x in ("status", "output", "restarts", "model_digest")}
                 for k, r in self.runs.items()
@@ -105,6 +109,8 @@ def verify(
     for name, faults in (("clean", []), ("faulty", kill)):
         result = run(variant(spec, n, faults, out / "checkpoints" / name), out / name)
         verdict.runs[name] = result
+        if name == "clean":
+            verdict.warnings = _warnings(out / name / "events.jsonl")
         if result["status"] != "succeeded":
             verdict.error = f"the {name} run ended {result['status']}: " + str(
                 (result.get("error") or {}).get("message", "")
@@ -120,3 +126,16 @@ def verify(
     for r in range(world):
         verdict.diffs[r] = compare_objects(clean_states[r], faulty_states[r])
     return verdict
+
+
+def _warnings(events: Path) -> list[str]:
+    """The exactness warnings (worker/exactness.py) a run's event log holds."""
+    if not events.is_file():
+        return []
+    found = []
+    for line in events.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if event.get("type") == "exactness_warning":
+                found.append(event["reason"])
+    return found

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+import fsspec
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -85,4 +86,8 @@ def train_loop(ctx) -> None:  # stalwart: was main(); ctx is the job's context
         dist.all_gather(losses, loss.detach().reshape(1))
         ctx.report(loss=float(torch.cat(losses).mean()), samples=batch)  # stalwart
 
+    if rank == 0:  # the trained model, kept: torch.load(..., weights_only=True) reads it
+        # fsspec: ctx.output_dir may be a local path or a URL (s3://...).
+        with fsspec.open(f"{ctx.output_dir}/model.pt", "wb") as f:
+            torch.save(model.module.state_dict(), f)
     dist.destroy_process_group()  # a no-op for stalwart's group

@@ -176,6 +176,7 @@ class TrainWorker:
                 on_step=self._stepped.set,
                 divergence_every=self.spec["health"]["divergence_every_steps"],
                 on_warning=self._warn,
+                output_dir=_output_dir(self.spec),
             )
         ctx = self.ctx
         ctx.begin_generation(
@@ -287,6 +288,7 @@ class TrainWorker:
             generation=generation,
             max_restarts=self.spec["failure"]["max_restarts"],
             run_id=self.job,
+            device_index=self.device.index if self.device.type == "cuda" else None,
         )
 
     def _outcome(self, outcome: str, timings: dict[str, float], **extra: Any) -> dict[str, Any]:
@@ -493,6 +495,15 @@ class TrainWorker:
             # If the agent is gone the call fails; the supervisor notices the silence.
             with contextlib.suppress(Exception):
                 self.agent.heartbeat.remote(self.rank, self._beat())
+
+
+def _output_dir(spec: dict[str, Any]) -> str | None:
+    """ctx.output_dir: the spec's (the driver fills it in for a one-machine cluster), else
+    under the durable tier's URI."""
+    if spec.get("output_dir"):
+        return spec["output_dir"]
+    uri = spec["checkpoint"]["persist"].get("uri")
+    return f"{uri.rstrip('/')}/{spec['name']}/output" if uri else None
 
 
 def _rss_bytes() -> int:

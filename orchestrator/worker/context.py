@@ -15,6 +15,7 @@ registered object, the RNG states and the step counter from the last committed s
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections import deque
@@ -145,6 +146,7 @@ class TrainContext:
         distributed: bool | None = None,
         divergence_every: int = 0,
         on_warning: Callable[[str], None] = lambda message: None,
+        output_dir: str | None = None,
     ):
         self.rank = rank
         self.world_size = world_size
@@ -171,6 +173,7 @@ class TrainContext:
         self.progress = Progress()
         self.divergence = DivergenceGuard(divergence_every, self.all_reduce)
         self._on_warning = on_warning
+        self._output_dir = output_dir
         self._checked_exactness = False
 
     # --- called by the worker between generations -------------------------------------------
@@ -217,6 +220,22 @@ class TrainContext:
         only, and restored only into the same rank of the same world (ckpt/sharded.py)."""
         for name, obj in objects.items():
             self._objects[name] = rank_local_view(stateful(name, obj))
+
+    @property
+    def output_dir(self) -> str:
+        """Where the loop saves what it keeps (the final model, from rank 0): the spec's
+        `output_dir`, OUTPUT/output when the cluster is the driver's machine, else
+        `checkpoint.persist.uri`/JOB/output. A local path exists once asked for; a URL
+        (s3://...) is written with fsspec."""
+        if self._output_dir is None:
+            raise RuntimeError(
+                "ctx.output_dir: this cluster is not the driver's machine and the job spec "
+                "sets neither output_dir nor checkpoint.persist.uri; set output_dir to a path "
+                "every node can write (or an fsspec URL)"
+            )
+        if "://" not in self._output_dir:
+            os.makedirs(self._output_dir, exist_ok=True)
+        return self._output_dir
 
     @property
     def process_group(self) -> torch.distributed.ProcessGroup:

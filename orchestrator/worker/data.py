@@ -15,9 +15,9 @@ batch after the restored step's, not at the epoch's start::
 
 The position within an epoch comes from the loader's own state: torchdata's
 StatefulDataLoader (a drop-in DataLoader) keeps it, workers included. A plain DataLoader has
-no such state; `Epochs` then counts the batches it handed out and, on a restore, skips that
-many of the epoch's (each skipped batch is loaded, so a restore late in a long epoch costs
-time: StatefulDataLoader avoids it). Randomness inside DataLoader workers (augmentation) is
+no such state; `Epochs` then counts the batches it handed out and, on a restore, loads that
+many of the epoch's again (a restore late in a long epoch costs that time: StatefulDataLoader
+avoids it). Randomness inside DataLoader workers (augmentation) is
 not restored mid-epoch: draw it from a generator seeded by the sample's index and epoch
 (docs/exactness.md).
 
@@ -46,7 +46,6 @@ class Epochs:
         self.epoch = start_epoch
         self.batches = 0  # handed out in this epoch
         self._it: Iterator[Any] | None = None
-        self._skip = 0
         self._stateful = hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")
 
     def __iter__(self) -> Epochs:
@@ -59,12 +58,8 @@ class Epochs:
                     self.sampler.set_epoch(self.epoch)
                 self._it = iter(self.loader)
             try:
-                while self._skip:  # a plain DataLoader resuming mid-epoch
-                    self._skip -= 1
-                    next(self._it)
                 batch = next(self._it)
             except StopIteration:
-                self._skip = 0
                 self._it = None
                 self.epoch += 1
                 self.batches = 0
@@ -81,16 +76,24 @@ class Epochs:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.batches = int(state["epoch"]), int(state["batches"])
         self._it = None
+        if not self.batches:
+            return  # at an epoch's start: the next batch starts it, as in the straight run
+        # The epoch's iterator is made now, before the restore puts the random generators
+        # back: making one draws a seed from torch's global generator, which the straight
+        # run did at the epoch's start (its draw is inside the restored state).
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(self.epoch)
         if self._stateful and "loader" in state:
-            if hasattr(self.sampler, "set_epoch"):
-                self.sampler.set_epoch(self.epoch)  # the loader resumes this epoch's order
             self.loader.load_state_dict(state["loader"])
-            self._skip = 0
-            if self.batches:
-                # The loader resumes inside the epoch: set_epoch now, not at the next iter.
-                self._it = iter(self.loader)
-        else:
-            self._skip = self.batches
+            self._it = iter(self.loader)
+            return
+        self._it = iter(self.loader)
+        for _ in range(self.batches):  # a plain DataLoader: the epoch's done batches again
+            try:
+                next(self._it)
+            except StopIteration:
+                self._it = None
+                break
 
 
 class _TorchGenerator:

@@ -64,17 +64,21 @@ def environment(
     master_addr: str,
     master_port: int,
     generation: int,
-    max_restarts: int,
+    max_restarts: int | None,
     run_id: str,
+    device_index: int | None = None,
 ) -> dict[str, str]:
     """torchrun's variables for `rank` in a generation; `nodes`: each node's ranks, in
-    node order (GROUP_RANK is the index of this rank's node)."""
+    node order (GROUP_RANK is the index of this rank's node). `device_index`: the worker's
+    CUDA device; each worker sees only its own GPU (as cuda:0), so LOCAL_RANK, which
+    scripts pass to torch.cuda.set_device, is that index (ctx.local_rank keeps the rank's
+    position on its node)."""
     node = next((i for i, ranks in enumerate(nodes) if rank in ranks), 0)
     local_world = len(nodes[node]) if nodes else 1
     values: dict[str, Any] = {
         "RANK": rank,
         "WORLD_SIZE": world_size,
-        "LOCAL_RANK": local_rank,
+        "LOCAL_RANK": local_rank if device_index is None else device_index,
         "LOCAL_WORLD_SIZE": local_world,
         "GROUP_RANK": node,
         "GROUP_WORLD_SIZE": max(1, len(nodes)),
@@ -84,7 +88,7 @@ def environment(
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": master_port,
         "TORCHELASTIC_RESTART_COUNT": generation - 1,
-        "TORCHELASTIC_MAX_RESTARTS": max_restarts,
+        "TORCHELASTIC_MAX_RESTARTS": max_restarts if max_restarts is not None else 2**31 - 1,
         "TORCHELASTIC_RUN_ID": run_id,
     }
     return {k: str(v) for k, v in values.items()}

@@ -4,8 +4,12 @@ replicas' divergence guard, BatchNorm under ctx.prepare_model."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+import torch
+
+from stalwart.ckpt.snapshot import state_digest
 from tests.component.conftest import events_of, small_spec
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(600)]
@@ -53,6 +57,9 @@ def test_a_torchrun_ddp_script_recovers_from_kill_hang_and_node_loss_to_the_same
     assert events_of(result, "abort_timeout") == []
     clean = mbaseline(spec)
     assert result["model_digest"] == clean["model_digest"]
+    # Rank 0 saved the model into ctx.output_dir (OUTPUT/output on a one-machine cluster).
+    saved = torch.load(Path(result["output"]) / "output" / "model.pt", weights_only=True)
+    assert state_digest(saved) == result["model_digest"]
     # It learned (the blob's quadrant is easy): the loss fell well below log(4) = 1.39.
     assert clean["final_loss"] < 0.9, clean["final_loss"]
 

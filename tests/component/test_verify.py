@@ -63,6 +63,7 @@ def test_verify_names_what_an_unregistered_scheduler_changes(ray_address, tmp_pa
     assert not model.identical and model.path and "elements differ" in model.detail
     opt = next(d for d in verdict.diffs[0] if d.name == "optimizer")
     assert opt.path == "param_groups[0]/lr", opt  # the schedule started over
+    assert any("LR scheduler (StepLR)" in w for w in verdict.warnings)
     # The job said so at its start, once, from rank 0.
     events = [
         json.loads(line)

@@ -83,3 +83,28 @@ def test_random_generators_can_be_registered_and_round_trip():
 def test_an_object_without_state_is_refused_by_name():
     with pytest.raises(TypeError, match=r"ctx.register\(cache=...\).*got dict"):
         stateful("cache", {})
+
+
+@pytest.mark.parametrize("kind", ["stateful", "plain"])
+def test_a_restore_mid_epoch_leaves_the_global_generator_as_the_straight_run_had_it(kind):
+    """Making an epoch's iterator draws a seed from torch's global generator: the straight
+    run drew it at the epoch's start, so the restore must not draw again after the
+    generators are put back (the order ctx.steps() restores in: objects, then RNG)."""
+
+    def draws(loader, n):
+        out = []
+        for _ in range(n):
+            next(loader)
+            out.append(torch.rand(1).item())  # dropout, say
+        return out
+
+    torch.manual_seed(0)
+    straight = _loader(kind, 0)
+    draws(straight, 10)
+    state, rng = _round_trip(straight.state_dict()), torch.get_rng_state()
+    expected = draws(straight, 20)
+
+    resumed = _loader(kind, 0)
+    resumed.load_state_dict(state)
+    torch.set_rng_state(rng)
+    assert draws(resumed, 20) == expected
