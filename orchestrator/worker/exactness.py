@@ -51,6 +51,9 @@ def _params(objects: Mapping[str, Any]) -> set[int]:
     }
 
 
+_KINDS = (LRScheduler, torch.amp.GradScaler, AveragedModel, torch.optim.Optimizer)
+
+
 def unregistered(objects: Mapping[str, Any]) -> list[str]:
     """What the loop should register and did not, one sentence each."""
     registered = _ids(objects)
@@ -60,26 +63,29 @@ def unregistered(objects: Mapping[str, Any]) -> list[str]:
     }
     found: list[str] = []
     for obj in gc.get_objects():
-        if id(obj) in registered:
+        # type(), not isinstance(): the latter asks some objects for __class__, which
+        # deprecated torch objects answer with a warning.
+        kind = type(obj)
+        if id(obj) in registered or not issubclass(kind, _KINDS):
             continue
-        if isinstance(obj, LRScheduler) and id(obj.optimizer) in optimizers:
+        if issubclass(kind, LRScheduler) and id(obj.optimizer) in optimizers:
             found.append(
                 f"an LR scheduler ({type(obj).__name__}) of the registered optimizer "
                 f"{optimizers[id(obj.optimizer)]!r} is not registered: after a recovery its "
                 "schedule starts over (ctx.register(scheduler=...))"
             )
-        elif isinstance(obj, torch.amp.GradScaler) and obj.is_enabled():
+        elif issubclass(kind, torch.amp.GradScaler) and obj.is_enabled():
             found.append(
                 "a GradScaler is not registered: after a recovery its loss scale starts over "
                 "(ctx.register(scaler=...))"
             )
-        elif isinstance(obj, AveragedModel):
+        elif issubclass(kind, AveragedModel):
             found.append(
                 "an EMA/averaged model (AveragedModel) is not registered: after a recovery "
                 "the average starts over from the current weights (ctx.register(ema=...))"
             )
         elif (
-            isinstance(obj, torch.optim.Optimizer)
+            issubclass(kind, torch.optim.Optimizer)
             and params
             and any(id(p) in params for g in obj.param_groups for p in g["params"])
         ):
