@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -76,6 +77,16 @@ def _compare_one(name: str, a: Any, b: Any) -> ObjectDiff:
                 return ObjectDiff(name, False, path, why)
         elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
             return ObjectDiff(name, False, path, "a tensor in one run only")
+        elif isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            same = (
+                isinstance(x, np.ndarray)
+                and isinstance(y, np.ndarray)
+                and x.dtype == y.dtype
+                and x.shape == y.shape
+                and x.tobytes() == y.tobytes()
+            )
+            if not same:
+                return ObjectDiff(name, False, path, "numpy arrays differ")
         elif x != y and not (x != x and y != y):  # NaN equals NaN here
             return ObjectDiff(name, False, path, f"{x!r} vs {y!r}")
     return ObjectDiff(name, True)

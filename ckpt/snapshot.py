@@ -14,6 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from stalwart.ckpt.skeleton import RECHECK, SkeletonUnpickler, check, leaf_kind
@@ -199,6 +200,9 @@ def nested_digest(state: Any) -> str:
             t = obj.detach().cpu().contiguous()
             h.update(f"{path}:{t.dtype}:{tuple(t.shape)}".encode())
             h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(obj, np.ndarray):  # its repr elides long arrays
+            h.update(f"{path}:{obj.dtype}:{obj.shape}".encode())
+            h.update(np.ascontiguousarray(obj).tobytes())
         elif isinstance(obj, dict):
             for key in sorted(obj, key=repr):
                 walk(obj[key], f"{path}/{key!r}")

@@ -38,6 +38,12 @@ from stalwart.orchestrator.cli_conventions import (
     default=None,
     help="where both runs and their final checkpoints go (default runs/verify-NAME-TIME)",
 )
+@click.option(
+    "--storage",
+    default=None,
+    help="where both runs' final checkpoints go, a path or fsspec URL every node can write "
+    "(default OUTPUT/checkpoints: an embedded Ray or a cluster on this machine)",
+)
 @click.option("--num-cpus", type=int, default=None, help="logical CPUs of the embedded Ray")
 @format_option("json: print the verdict as JSON")
 def verify(
@@ -48,6 +54,7 @@ def verify(
     rank: int,
     address: str | None,
     output: str | None,
+    storage: str | None,
     num_cpus: int | None,
     fmt: str,
 ) -> None:
@@ -77,7 +84,7 @@ def verify(
         return run_job(variant, opts)
 
     try:
-        verdict = run_verify(spec, run, out, steps, kill_at, rank)
+        verdict = run_verify(spec, run, out, steps, kill_at, rank, storage)
     except ClusterUnreachable as e:
         err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)

@@ -141,6 +141,12 @@ def run_job(
         if spec.output_dir is None and (where == "embedded" or _one_machine()):
             # Every worker can write the run directory: ctx.output_dir is in it.
             spec = spec.model_copy(update={"output_dir": str((out / "output").resolve())})
+        elif spec.output_dir is None and not spec.checkpoint.persist.uri:
+            log.warning(
+                "ctx.output_dir is not available to this job: the cluster is not this machine "
+                "and the spec sets neither output_dir nor checkpoint.persist.uri (a loop that "
+                "saves its model there fails at the save)"
+            )
         name = f"stalwart-{spec.name}"
         _wait_for_name(name)
         # One store key for every supervisor of this run: a restarted one finds the node
@@ -333,6 +339,11 @@ class _Follower:
             finished, _ = ray.wait([self.done], timeout=POLL_INTERVAL_S)
             update = ray.get(self.supervisor.poll.remote(self.seen, self.output_seen))
             self._take_output(update.get("output"))
+            for _ in range(20):  # a burst of lines: take the rest now, not a poll later
+                if not (update.get("output") or {}).get("more"):
+                    break
+                update = ray.get(self.supervisor.poll.remote(self.seen, self.output_seen))
+                self._take_output(update.get("output"))
             for event in update["events"]:
                 if event["type"] == "stacks" and self.out is not None:
                     event = self._write_stacks(event)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from stalwart.ckpt.compare import ObjectDiff, compare_objects
-from stalwart.ckpt.durable import DurableStore
+from stalwart.ckpt.durable import CorruptCheckpoint, DurableError, DurableStore
 from stalwart.ckpt.snapshot import restore
 from stalwart.orchestrator.spec import JobSpec
 
@@ -76,7 +76,7 @@ def plan(spec: JobSpec, steps: int | None, kill_at: int | None, rank: int) -> tu
     return n, at
 
 
-def variant(spec: JobSpec, steps: int, faults: list[dict[str, Any]], uri: Path) -> JobSpec:
+def variant(spec: JobSpec, steps: int, faults: list[dict[str, Any]], uri: str) -> JobSpec:
     """`spec` for N steps with these faults, its final state written to `uri`."""
     data = copy.deepcopy(spec.model_dump(mode="json"))
     data["steps"] = steps
@@ -85,9 +85,9 @@ def variant(spec: JobSpec, steps: int, faults: list[dict[str, Any]], uri: Path) 
     return JobSpec.model_validate(data)
 
 
-def final_states(uri: Path, job: str, world: int) -> dict[int, Any]:
+def final_states(uri: str, job: str, world: int) -> dict[int, Any]:
     """rank -> the restored state of the newest durable checkpoint under `uri`."""
-    store = DurableStore(str(uri), job)
+    store = DurableStore(uri, job)
     manifest, _ = store.newest_valid(world_size=world)
     if manifest is None:
         raise FileNotFoundError(f"{uri}: the run left no complete durable checkpoint")
@@ -101,13 +101,17 @@ def verify(
     steps: int | None = None,
     kill_at: int | None = None,
     rank: int = 1,
+    storage: str | None = None,
 ) -> Verdict:
-    """`run(spec, output_dir)` runs a job to its end and returns result.json's content."""
+    """`run(spec, output_dir)` runs a job to its end and returns result.json's content.
+    `storage`: where both runs' final checkpoints go (every node must reach it); default
+    OUT/checkpoints, which only a cluster on this machine can write."""
     n, at = plan(spec, steps, kill_at, rank)
     verdict = Verdict(steps=n, kill_at=at, rank=rank)
     kill = [{"kind": "kill_worker", "rank": rank, "at_step": at}]
+    root = storage.rstrip("/") if storage else str((out / "checkpoints").resolve())
     for name, faults in (("clean", []), ("faulty", kill)):
-        result = run(variant(spec, n, faults, out / "checkpoints" / name), out / name)
+        result = run(variant(spec, n, faults, f"{root}/{name}"), out / name)
         verdict.runs[name] = result
         if name == "clean":
             verdict.warnings = _warnings(out / name / "events.jsonl")
@@ -121,8 +125,12 @@ def verify(
         verdict.error = f"the kill at step {at} did not happen (no failure was recorded)"
         return verdict
     world = int(faulty.get("workers") or spec.max_workers)
-    clean_states = final_states(out / "checkpoints" / "clean", spec.name, world)
-    faulty_states = final_states(out / "checkpoints" / "faulty", spec.name, world)
+    try:
+        clean_states = final_states(f"{root}/clean", spec.name, world)
+        faulty_states = final_states(f"{root}/faulty", spec.name, world)
+    except (FileNotFoundError, CorruptCheckpoint, DurableError) as e:
+        verdict.error = f"the final checkpoints cannot be read back: {e}"
+        return verdict
     for r in range(world):
         verdict.diffs[r] = compare_objects(clean_states[r], faulty_states[r])
     return verdict

@@ -100,10 +100,7 @@ def train_loop(ctx) -> None:  # stalwart: was train_func(config); ctx.config is 
     optimizer = torch.optim.SGD(model.parameters(), lr=float(cfg.get("lr", 0.05)), momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=20, gamma=0.5)
 
-    # stalwart: was prepare_data_loader(); the sampler it added, built here. The loader's own
-    # generator: a DataLoader draws a seed at each iter() from torch's global RNG otherwise,
-    # and after a mid-epoch restore that draw would come at another step than in a run
-    # without failures (so would every dropout mask after it).
+    # stalwart: was prepare_data_loader(); the sampler it added, built here.
     data = dataset()
     sampler = DistributedSampler(
         data, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0
@@ -113,7 +110,6 @@ def train_loop(ctx) -> None:  # stalwart: was train_func(config); ctx.config is 
         batch_size=int(cfg.get("batch_size", 16)),
         sampler=sampler,
         drop_last=True,
-        generator=torch.Generator(),
     )
     batches = stalwart.Epochs(loader, sampler)  # stalwart: set_epoch, and the position in it
 

@@ -27,6 +27,8 @@ SHM_ROOT = "/dev/shm/stalwart"
 # times a second, but may be busy for minutes: scheduling, a replacement waiting for room).
 LEASE_S = 600.0
 LEASE_CHECK_S = 2.0
+OUTPUT_KEPT = 20_000  # printed lines waiting for a report, at most (the oldest go first)
+OUTPUT_PER_REPORT = 5_000
 
 
 class NodeAgent:
@@ -63,6 +65,8 @@ class NodeAgent:
         self._durable: dict[tuple[str, str], DurableStore] = {}
         self._lock = threading.Lock()
         self._beats: dict[int, dict[str, Any]] = {}
+        self._output: list[dict[str, Any]] = []  # the ranks' printed lines, for the report
+        self._output_dropped = 0
         self._layouts: dict[int, tuple] = {}  # rank -> tensor layout of its last shard
         # GPU health: a probe thread keeps the latest reading per GPU and the Xids seen
         # since the last report.
@@ -208,6 +212,16 @@ class NodeAgent:
         with self._lock:
             self._fired.add(index)
 
+    def worker_output(self, lines: list[dict[str, Any]]) -> None:
+        """A batch of lines one of this node's ranks printed (worker/output.py); they go to
+        the supervisor with the next report, so its load grows with nodes, not ranks."""
+        with self._lock:
+            self._output.extend(lines)
+            over = len(self._output) - OUTPUT_KEPT
+            if over > 0:
+                del self._output[:over]
+                self._output_dropped += over
+
     def heartbeat(self, rank: int, beat: dict[str, Any]) -> None:
         beat["received_at"] = time.time()
         with self._lock:
@@ -325,8 +339,24 @@ class NodeAgent:
     def report(self) -> dict[str, Any]:
         self._contact = time.monotonic()
         with self._lock:
+            output, self._output = (
+                self._output[:OUTPUT_PER_REPORT],
+                self._output[OUTPUT_PER_REPORT:],
+            )
+            if self._output_dropped and output:
+                output.insert(
+                    0,
+                    {
+                        **{k: output[0][k] for k in ("ts", "rank", "gen")},
+                        "stream": "err",
+                        "line": f"[stalwart: {self._output_dropped} lines dropped on the node, "
+                        "output too fast]",
+                    },
+                )
+                self._output_dropped = 0
             return {
                 "node": self.node_id,
+                "output": output,
                 "at": time.time(),
                 "beats": dict(self._beats),
                 "stored": self.store.stored(),

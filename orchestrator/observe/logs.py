@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import re
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -34,6 +35,8 @@ class RunLogs:
     def __init__(self, out: Path):
         self.folder = out / "logs"
         self._files: dict[str, TextIO] = {}
+        # The driver's follower and Ray's error listener (ray.log) write from two threads.
+        self._lock = threading.Lock()
 
     def _file(self, name: str) -> TextIO:
         f = self._files.get(name)
@@ -43,6 +46,10 @@ class RunLogs:
         return f
 
     def write(self, lines: Iterable[dict[str, Any]]) -> None:
+        with self._lock:
+            self._write(lines)
+
+    def _write(self, lines: Iterable[dict[str, Any]]) -> None:
         touched = set()
         for line in lines:
             name = "spare.log" if line.get("rank") is None else f"rank-{line['rank']}.log"
@@ -55,15 +62,17 @@ class RunLogs:
 
     def note(self, text: str, name: str = "ray.log") -> None:
         """A message of the driver's own (Ray's, kept out of the terminal)."""
-        f = self._file(name)
-        for line in text.rstrip("\n").splitlines() or [""]:
-            f.write(f"{_stamp(time.time())} gen 0 err | {line}\n")
-        f.flush()
+        with self._lock:
+            f = self._file(name)
+            for line in text.rstrip("\n").split("\n"):
+                f.write(f"{_stamp(time.time())} gen 0 err | {line}\n")
+            f.flush()
 
     def close(self) -> None:
-        for f in self._files.values():
-            f.close()
-        self._files.clear()
+        with self._lock:
+            for f in self._files.values():
+                f.close()
+            self._files.clear()
 
 
 class LogError(ValueError):
@@ -109,7 +118,8 @@ def merged(paths: list[Path], offsets: dict[Path, int] | None = None) -> Iterato
         complete = data[: data.rfind(b"\n") + 1]
         if offsets is not None:
             offsets[path] = start + len(complete)
-        for raw in complete.decode("utf-8", "replace").splitlines():
+        # Lines end in "\n" only: splitlines() would also cut at \x0b, \x1c, \u2028, ...
+        for raw in complete.decode("utf-8", "replace").split("\n")[:-1]:
             stamp, shown = _parse(path, raw)
             rows.append((stamp, i, shown))
     rows.sort(key=lambda r: (r[0], r[1]))

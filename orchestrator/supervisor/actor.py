@@ -162,10 +162,6 @@ class JobSupervisor:
         """A rank found state a recovery would lose (worker/exactness.py)."""
         self.events.emit("exactness_warning", rank=rank, reason=message)
 
-    def worker_output(self, lines: list[dict[str, Any]]) -> None:
-        """A batch of lines a rank printed (worker/output.py)."""
-        self.output.add(lines)
-
     def cancel(self) -> None:
         self._cancel.set()
 
@@ -320,6 +316,9 @@ class JobSupervisor:
         # Faults carried out (an agent outlives a dead supervisor that saw them).
         self.faults.seen(i for rep in reports for i in rep.get("fired", ()))
         self.ckpt.absorb(reports, self._step())
+        for rep in reports:
+            if rep.get("output"):
+                self.output.add(rep["output"])
         with self._commit_seen:
             self._commit_seen.notify_all()
         self.ledger.close_recovery(

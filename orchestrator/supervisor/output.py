@@ -7,6 +7,7 @@ how many it missed.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from typing import Any
@@ -33,9 +34,11 @@ class OutputLog:
         with self._lock:
             oldest = self._lines[0]["seq"] if self._lines else self._next
             start = max(seq, oldest)
-            lines = [self._lines[i] for i in range(start - oldest, len(self._lines))][:limit]
+            first = start - oldest
+            lines = list(itertools.islice(self._lines, first, first + limit))
             return {
                 "lines": lines,
                 "next": start + len(lines),
                 "missed": max(0, oldest - seq),
+                "more": start + len(lines) < self._next,
             }

@@ -27,8 +27,15 @@ REPLICATION_STALL_S = 30.0  # no commit for this long: an event says so (again e
 
 
 class ReplicaPlan:
-    def __init__(self, spec: CheckpointSpec, pool: WorkerPool, emit: Callable[..., None]):
+    def __init__(
+        self,
+        spec: CheckpointSpec,
+        pool: WorkerPool,
+        emit: Callable[..., None],
+        clock: Callable[[], float] = time.time,
+    ):
         self.spec = spec
+        self._clock = clock
         self.pool = pool
         self._emit = emit
         self.copies = 1  # copies of each shard the plan keeps (fewer nodes than replicas)
@@ -38,7 +45,7 @@ class ReplicaPlan:
         self.replicating: tuple[int, float] | None = None  # (step asked for, when)
         self._send_mark: dict[str, tuple[float, int]] = {}  # node -> (send seconds, rounds)
         self._round_s: float | None = None  # the last measured cost of a round of copies
-        self._commit_seen: tuple[int | None, float] = (None, time.time())  # (step, since)
+        self._commit_seen: tuple[int | None, float] = (None, clock())  # (step, since)
         self.required: int | None = None  # a step asked to commit (chaos after_commit)
         self._stall_reported = 0.0
 
@@ -89,7 +96,7 @@ class ReplicaPlan:
         """When no commit came for long enough, name the newest step every rank holds in its
         own node's memory, which every agent sends next; asked again while the commit stays
         behind, with an event when it is long. `statuses`: node -> its replicator's."""
-        now = time.time()
+        now = self._clock()
         moved = committed != self._commit_seen[0]
         if moved:
             self._commit_seen = (committed, now)

@@ -80,9 +80,8 @@ class TrainWorker:
         # What the loop prints reaches the driver (from the import of its module on).
         self.output = OutputCapture(
             tag=lambda: (self.rank, self.generation),
-            send=lambda lines: (
-                self.supervisor.worker_output.remote(lines) if self.supervisor else None
-            ),
+            # Through this node's agent, with its report (None: no agent yet, lines wait).
+            send=lambda lines: self.agent.worker_output.remote(lines) if self.agent else None,
         )
         self.output.install()
         # Before the loop's module is imported: it may bind init_process_group by name.
@@ -213,6 +212,7 @@ class TrainWorker:
             else:
                 solo_group()  # what init_process_group() in the loop hands back
             torchrun.set_environment(self._torchrun_env(generation, rendezvous, local_rank))
+            self.group.restoring = restore_step is not None
             timings["rendezvous_done"] = time.time()
             in_user_code = True
             self.fn(ctx)
@@ -232,10 +232,10 @@ class TrainWorker:
                 object_digests=ctx.object_digests(),
             )
         except Exception as e:
-            self.output.flush()  # the supervisor has the rank's last lines before its failure
             interrupted = self.group.aborted is not None and self.group.generation == generation
             if ctx._interrupt is not None or (interrupted and is_comm_error(e)):
-                return self._outcome("interrupted", timings)
+                return self._outcome("interrupted", timings)  # no flush: a recovery waits
+            self.output.flush()  # the supervisor has the rank's last lines before its failure
             # Failing to form the group is the infrastructure's fault, not the user's.
             if is_comm_error(e) or not in_user_code:
                 kind = "comm_error"
@@ -270,10 +270,12 @@ class TrainWorker:
     # --- internals ----------------------------------------------------------------------------
 
     def _warn(self, message: str) -> None:
-        """An exactness warning (worker/exactness.py): an event, and a line in the log."""
-        print(f"stalwart: warning: {message}", file=sys.stderr)
+        """An exactness warning (worker/exactness.py): an event (shown live, kept in the
+        event log), or this rank's log when there is no supervisor to tell."""
         if self.supervisor is not None:
             self.supervisor.record_warning.remote(self.rank, message)
+        else:
+            print(f"stalwart: warning: {message}", file=sys.stderr)
 
     def _torchrun_env(
         self, generation: int, rendezvous: dict[str, Any], local_rank: int
@@ -368,8 +370,10 @@ class TrainWorker:
             if fault.get("after_commit"):
                 # Paused here until the restore point is committed (other ranks wait in
                 # the next collective): the loss then races no copy to a peer.
+                # At most half the hang timeout: a longer pause would be judged a hang.
+                wait_s = min(60.0, 0.5 * self.spec["health"]["hang_timeout_s"])
                 record["committed_step"] = ray.get(
-                    self.supervisor.await_commit.remote(fault["at_step"])
+                    self.supervisor.await_commit.remote(fault["at_step"], wait_s)
                 )
                 record["at"] = time.time()  # the failure happens now, not when it paused
             ray.get(self.supervisor.record_fault.remote(record))

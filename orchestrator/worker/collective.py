@@ -152,6 +152,8 @@ class ElasticGroup:
         self.world_size = 1
         self.generation = 0
         self.backend = "gloo"
+        self.device = torch.device("cpu")
+        self.restoring = False  # a restore follows this generation's start (set by the worker)
         # Seconds collectives took from issue to completion, summed: the time a rank spends
         # waiting for its peers (straggler detection subtracts it from step time).
         self.collective_seconds = 0.0
@@ -176,8 +178,14 @@ class ElasticGroup:
         pg, be, registered = _wrap_backend(
             store, rank, world_size, backend, timeout, device, hostname
         )
+        self.device = device
         owned = AbortableProcessGroup(
-            pg, registered, backend, ready=lambda: self._group(generation), track=self._own
+            pg,
+            registered,
+            backend,
+            ready=lambda: self._group(generation),
+            track=self._own,
+            new_future=self.new_future,
         )
         owned.elastic = self  # a DDP built on it reduces through this (worker/torchrun.py)
         with self._lock:
@@ -188,6 +196,14 @@ class ElasticGroup:
             self.rank, self.world_size, self.generation = rank, world_size, generation
             self.backend = backend
             self._aborted = None
+
+    def new_future(self) -> torch.futures.Future:
+        """A future for this group's results: on CUDA one that records the streams its
+        value was set on, so a waiter's stream waits for NCCL's kernels (a plain future
+        would hand over tensors the GPU has not finished writing)."""
+        if self.device.type == "cuda":
+            return torch.futures.Future(devices=[self.device])
+        return torch.futures.Future()
 
     def abort(self, reason: str) -> None:
         """Fail every pending and future collective of this generation with GroupAborted."""
@@ -223,7 +239,7 @@ class ElasticGroup:
     ) -> torch.futures.Future:
         """A future that completes with `done` (its value mapped by `result`), or fails
         with GroupAborted when this generation is aborted first."""
-        out: torch.futures.Future = torch.futures.Future()
+        out = self.new_future()
         with self._lock:
             if self._aborted is not None:
                 out.set_exception(GroupAborted(self._aborted))
@@ -291,7 +307,7 @@ class FlatGradReducer:
         self._buckets: list[tuple[dist.GradBucket, torch.futures.Future]] = []
 
     def __call__(self, bucket: dist.GradBucket) -> torch.futures.Future:
-        fut: torch.futures.Future = torch.futures.Future()
+        fut = self.group.new_future()
         self._buckets.append((bucket, fut))
         if bucket.is_last():
             self._flush()
@@ -344,6 +360,8 @@ def make_ddp(
             "a gradient in every step"
         )
     device_ids = [device.index] if device.type == "cuda" else None
+    if group.restoring:
+        ddp_kwargs.setdefault("init_sync", False)  # the restore overwrites what it would send
     ddp = torch.nn.parallel.DistributedDataParallel(
         module, process_group=group.process_group, device_ids=device_ids, **ddp_kwargs
     )

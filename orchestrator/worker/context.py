@@ -31,9 +31,9 @@ from stalwart.ckpt.sharded import rank_local_view
 from stalwart.ckpt.skeleton import UnsafeState, format_path
 from stalwart.ckpt.snapshot import Snapshot, nested_digest, restore, state_digest
 from stalwart.orchestrator.worker.collective import ElasticGroup, GroupAborted, make_ddp, solo_group
-from stalwart.orchestrator.worker.data import stateful
 from stalwart.orchestrator.worker.divergence import DivergenceGuard, named_parameters
 from stalwart.orchestrator.worker.exactness import unregistered
+from stalwart.orchestrator.worker.stateful import stateful
 
 RECENT_STEPS = 32
 
@@ -291,8 +291,8 @@ class TrainContext:
         if not self._objects:
             raise RuntimeError("call ctx.register(model=..., optimizer=...) before ctx.steps()")
         start = self._restore()
-        if not self._checked_exactness and self.rank == 0:
-            self._checked_exactness = True  # once per process: the first generation's objects
+        if not self._checked_exactness and self.rank == 0 and self.generation == 1:
+            self._checked_exactness = True  # once per job: the first generation's objects
             for message in unregistered(self._objects):
                 self._on_warning(message)
         p, group = self.progress, self.group

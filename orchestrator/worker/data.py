@@ -20,20 +20,12 @@ many of the epoch's again (a restore late in a long epoch costs that time: State
 avoids it). Randomness inside DataLoader workers (augmentation) is
 not restored mid-epoch: draw it from a generator seeded by the sample's index and epoch
 (docs/exactness.md).
-
-`stateful(name, obj)` lets ``ctx.register`` take random generators, which have no
-state_dict: ``torch.Generator``, ``numpy.random.Generator``/``RandomState`` and
-``random.Random``.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from typing import Any
-
-import numpy as np
-import torch
 
 
 class Epochs:
@@ -61,6 +53,11 @@ class Epochs:
                 batch = next(self._it)
             except StopIteration:
                 self._it = None
+                if self.batches == 0:
+                    raise ValueError(
+                        f"stalwart.Epochs: epoch {self.epoch} has no batch (a sampler's share "
+                        "smaller than a batch with drop_last?)"
+                    ) from None
                 self.epoch += 1
                 self.batches = 0
                 continue
@@ -69,7 +66,9 @@ class Epochs:
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"epoch": self.epoch, "batches": self.batches}
-        if self._stateful:
+        # Only inside an epoch: a StatefulDataLoader asked before its first batch makes
+        # an iterator (drawing a seed from torch's generator) that a restore would not.
+        if self._stateful and self._it is not None:
             state["loader"] = self.loader.state_dict()
         return state
 
@@ -88,64 +87,12 @@ class Epochs:
             self._it = iter(self.loader)
             return
         self._it = iter(self.loader)
-        for _ in range(self.batches):  # a plain DataLoader: the epoch's done batches again
+        for done in range(self.batches):  # a plain DataLoader: the epoch's done batches again
             try:
                 next(self._it)
             except StopIteration:
-                self._it = None
-                break
-
-
-class _TorchGenerator:
-    def __init__(self, g: torch.Generator):
-        self.g = g
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"state": self.g.get_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.g.set_state(state["state"])
-
-
-class _NumpyGenerator:
-    def __init__(self, g: np.random.Generator | np.random.RandomState):
-        self.g = g
-
-    def state_dict(self) -> dict[str, Any]:
-        if isinstance(self.g, np.random.RandomState):
-            return {"legacy": self.g.get_state(legacy=False)}
-        return {"bit_generator": self.g.bit_generator.state}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "legacy" in state:
-            self.g.set_state(state["legacy"])
-        else:
-            self.g.bit_generator.state = state["bit_generator"]
-
-
-class _PythonRandom:
-    def __init__(self, g: random.Random):
-        self.g = g
-
-    def state_dict(self) -> dict[str, Any]:
-        version, internal, gauss = self.g.getstate()
-        return {"version": version, "internal": list(internal), "gauss": gauss}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.g.setstate((state["version"], tuple(state["internal"]), state["gauss"]))
-
-
-def stateful(name: str, obj: Any) -> Any:
-    """`obj`, or an adapter giving a random generator state_dict/load_state_dict."""
-    if isinstance(obj, torch.Generator):
-        return _TorchGenerator(obj)
-    if isinstance(obj, np.random.Generator | np.random.RandomState):
-        return _NumpyGenerator(obj)
-    if isinstance(obj, random.Random):
-        return _PythonRandom(obj)
-    if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-        raise TypeError(
-            f"ctx.register({name}=...): needs state_dict() and load_state_dict() (or a "
-            f"torch, numpy or python random generator), got {type(obj).__name__}"
-        )
-    return obj
+                raise ValueError(
+                    f"stalwart.Epochs: the checkpoint is {self.batches} batches into epoch "
+                    f"{self.epoch}, but this loader's epoch has {done}: the data or the batch "
+                    "size changed since"
+                ) from None

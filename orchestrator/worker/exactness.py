@@ -23,12 +23,14 @@ _WRAPS = ("module", "optimizer", "optim")  # DDP.module, RankShard.optimizer, Ze
 
 
 def _wrapped(obj: Any) -> list[Any]:
-    """`obj` and what it wraps (a DDP's module, a ZeRO shard's optimizer and its local one)."""
+    """`obj` and what it wraps (a DDP's module, a ZeRO shard's optimizer and its local one,
+    a SequentialLR's or ChainedScheduler's schedulers)."""
     out, todo = [], [obj]
-    while todo and len(out) < 8:
+    while todo and len(out) < 32:
         o = todo.pop()
         out.append(o)
         todo += [w for w in (getattr(o, a, None) for a in _WRAPS) if w is not None]
+        todo += list(getattr(o, "_schedulers", None) or ())
     return out
 
 

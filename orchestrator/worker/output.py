@@ -4,9 +4,11 @@ Ray runs the workers with ``log_to_driver=False`` (its own prefixes and messages
 swamp the progress view), so a loop's ``print`` and ``logging`` went nowhere the user
 looks. The worker replaces ``sys.stdout`` and ``sys.stderr`` with tees: each write still
 reaches the original stream (Ray's worker log file), and each completed line is tagged
-with the time, rank, generation and stream and shipped in batches to the supervisor, at
+with the time, rank, generation and stream and shipped in batches to the node's agent, at
 most every `interval_s`, never piling calls up (a batch waits while the last one is in
-flight). The driver writes them under OUTPUT/logs/ and shows rank 0's live.
+flight); the agent hands them to the supervisor with its report (one call per node, not
+per rank). The driver writes them under OUTPUT/logs/ and shows rank 0's live. A forked
+child (a DataLoader worker) prints to the original streams only.
 
 ``logging`` handlers write to ``sys.stderr`` as it is when they are created, and the
 last-resort handler to the current one, so a loop's logging is captured too. Output of
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 import threading
 import time
@@ -43,6 +46,10 @@ class _Tee(io.TextIOBase):
 
     def writable(self) -> bool:
         return True
+
+    def __getattr__(self, name: str) -> Any:
+        # buffer, errors, reconfigure(line_buffering=True), ...: the original stream's.
+        return getattr(self._original, name)
 
     @property
     def encoding(self) -> str:
@@ -85,9 +92,11 @@ class OutputCapture:
         send: Callable[[list[dict[str, Any]]], Any],
         interval_s: float = 0.5,
         max_lines: int = 5000,
+        arrived: Callable[[Any, float], bool] | None = None,
     ):
         self._tag = tag
         self._send = send
+        self._arrived = arrived or _arrived
         self._interval_s = interval_s
         self._lines: deque[dict[str, Any]] = deque()
         self._max_lines = max_lines
@@ -102,9 +111,17 @@ class OutputCapture:
 
     def install(self) -> None:
         """Tee sys.stdout and sys.stderr from now on, and start shipping."""
+        originals = sys.stdout, sys.stderr
         out, err = _Tee(sys.stdout, "out", self), _Tee(sys.stderr, "err", self)
         self._tees = [out, err]
         sys.stdout, sys.stderr = out, err
+
+        def in_child() -> None:
+            # A forked child (a DataLoader worker) has no shipping thread, and a lock held
+            # at the fork would stay held: it prints to the original streams (Ray's log).
+            sys.stdout, sys.stderr = originals
+
+        os.register_at_fork(after_in_child=in_child)
         self._thread.start()
 
     def add(self, stream: str, line: str) -> None:
@@ -143,8 +160,7 @@ class OutputCapture:
     def _ship(self, wait_s: float) -> None:
         with self._ship_lock:  # the loop's thread and a flush: one shipper at a time
             if self._in_flight is not None:
-                ready, _ = ray.wait([self._in_flight], timeout=wait_s)
-                if not ready:
+                if not self._arrived(self._in_flight, wait_s):
                     return  # the last batch is still on its way: this one waits
                 self._in_flight = None
             with self._lock:
@@ -164,8 +180,23 @@ class OutputCapture:
                 )
             try:
                 ref = self._send(batch)
-            except Exception:  # the supervisor is gone: the lines stay in Ray's worker log
+            except Exception:  # the agent is gone: the lines stay in Ray's worker log
+                return
+            if ref is None:  # nobody to send to yet: the lines wait (still bounded)
+                with self._lock:
+                    self._lines.extendleft(reversed(batch[1:] if dropped else batch))
+                    self._dropped += dropped
                 return
             self._in_flight = ref
-            if ref is not None and wait_s:
-                ray.wait([ref], timeout=wait_s)
+            if wait_s and self._arrived(ref, wait_s):
+                self._in_flight = None
+
+
+def _arrived(ref: Any, wait_s: float) -> bool:
+    """Whether the batch sent as `ref` was taken (or failed: the agent is gone, and its
+    lines with it), waiting up to `wait_s`."""
+    ready, _ = ray.wait([ref], timeout=wait_s)
+    if ready:
+        with contextlib.suppress(Exception):
+            ray.get(ready[0])
+    return bool(ready)

@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 
 # The ProcessGroup methods torch.distributed's functions and DDP call (torch 2.13 names,
-# and the older ones where they still exist).
+# and the older ones where they still exist). monitored_barrier is synchronous (no Work):
+# it goes to the generation's group as it is, not abortable.
 COLLECTIVES = (
     "allreduce",
     "allreduce_coalesced",
@@ -50,7 +51,6 @@ COLLECTIVES = (
     "alltoall_base",
     "all_to_all_single",
     "barrier",
-    "monitored_barrier",
     "send",
     "recv",
     "recv_anysource",
@@ -104,13 +104,16 @@ class AbortableProcessGroup(dist.ProcessGroup):
         backend_name: str,
         ready: Callable[[], object],
         track: Callable[[torch.futures.Future], torch.futures.Future],
+        new_future: Callable[[], torch.futures.Future] = torch.futures.Future,
     ):
         super().__init__(inner.rank(), inner.size())
         self.inner = inner
         self._backend_name = backend_name
         self._ready = ready
         self._track = track
+        self._new_future = new_future
         self._waits: queue.Queue | None = None
+        self._lock = threading.Lock()
         # The real backends, registered here too: torch asks a group for its backend by
         # device (DDP's logger, ProcessGroup.abort, NCCL's stream handling).
         for device, kind, be in backends:
@@ -131,12 +134,13 @@ class AbortableProcessGroup(dist.ProcessGroup):
         return _OwnedWork(self._track(done))
 
     def _wait_in_thread(self, work: dist.Work) -> torch.futures.Future:
-        fut: torch.futures.Future = torch.futures.Future()
-        if self._waits is None:
-            self._waits = queue.Queue()
-            threading.Thread(
-                target=_complete, args=(self._waits,), name="stalwart-collective", daemon=True
-            ).start()
+        fut = self._new_future()
+        with self._lock:
+            if self._waits is None:
+                self._waits = queue.Queue()
+                threading.Thread(
+                    target=_complete, args=(self._waits,), name="stalwart-collective", daemon=True
+                ).start()
         self._waits.put((work, fut))
         return fut
 

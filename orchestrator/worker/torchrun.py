@@ -155,6 +155,11 @@ def _patch_ddp() -> None:
 
     @functools.wraps(original_init)
     def __init__(self: Any, module: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+        group = kwargs.get("process_group") or c10d._world.default_pg
+        if getattr(getattr(group, "elastic", None), "restoring", False):
+            # A restore follows (ctx.steps()): the broadcast of rank 0's state would be
+            # overwritten at once; skip it (a fresh start keeps it).
+            kwargs.setdefault("init_sync", False)
         original_init(self, module, *args, **kwargs)
         elastic = getattr(self.process_group, "elastic", None)
         if isinstance(self.process_group, AbortableProcessGroup) and elastic is not None:
@@ -178,6 +183,12 @@ def _patch_ddp() -> None:
 def _flat_reduce(ddp: Any, elastic: Any, register: Callable[..., Any]) -> None:
     from stalwart.orchestrator.worker.collective import FlatGradReducer, flat_hook
 
+    if getattr(ddp, "_comm_hooks", None):  # DDP's own (mixed_precision=...) is in place
+        log.warning(
+            "DistributedDataParallel: it reduces gradients through a comm hook of its own "
+            "(mixed_precision?), not stalwart's fixed-order one: a recovery may not be exact"
+        )
+        return
     try:
         reducer = FlatGradReducer(elastic, ddp.module)
     except ValueError as e:  # several parameter dtypes: DDP's own buckets, not exact

@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from stalwart.ckpt.snapshot import SnapshotBuffer, restore
-from stalwart.orchestrator.worker.data import Epochs, stateful
+from stalwart.orchestrator.worker.data import Epochs
+from stalwart.orchestrator.worker.stateful import stateful
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -108,3 +109,23 @@ def test_a_restore_mid_epoch_leaves_the_global_generator_as_the_straight_run_had
     resumed.load_state_dict(state)
     torch.set_rng_state(rng)
     assert draws(resumed, 20) == expected
+
+
+@pytest.mark.parametrize("kind", ["stateful", "plain"])
+def test_a_state_taken_before_the_first_batch_restores_exactly(kind):
+    """The fresh start's snapshot (step 0) is taken before any batch."""
+    torch.manual_seed(0)
+    straight = _loader(kind, 2 if kind == "stateful" else 0)
+    state, rng = _round_trip(straight.state_dict()), torch.get_rng_state()
+    expected = [(next(straight)[1].tolist(), torch.rand(1).item()) for _ in range(5)]
+    resumed = _loader(kind, 2 if kind == "stateful" else 0)
+    resumed.load_state_dict(state)
+    torch.set_rng_state(rng)
+    assert [(next(resumed)[1].tolist(), torch.rand(1).item()) for _ in range(5)] == expected
+
+
+def test_an_epoch_without_a_batch_is_an_error_not_a_spin():
+    data = TensorDataset(torch.arange(3.0))
+    loader = DataLoader(data, batch_size=4, drop_last=True)
+    with pytest.raises(ValueError, match="epoch 0 has no batch"):
+        next(Epochs(loader))

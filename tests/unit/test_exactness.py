@@ -88,3 +88,26 @@ def test_compare_names_the_first_differing_tensor_and_value():
     del b["objects"]["optimizer"]
     [_, gone] = compare_objects(a, b)
     assert gone.detail == "not registered in the second run"
+
+
+def test_numpy_state_compares_and_digests_by_its_bytes():
+    import numpy as np
+
+    from stalwart.ckpt.snapshot import nested_digest
+
+    a = {"objects": {"rng": {"legacy": {"key": np.arange(2000, dtype=np.uint32)}}}}
+    b = {"objects": {"rng": {"legacy": {"key": np.arange(2000, dtype=np.uint32)}}}}
+    assert compare_objects(a, b)[0].identical
+    b["objects"]["rng"]["legacy"]["key"][1000] += 1  # in the part a repr would elide
+    [diff] = compare_objects(a, b)
+    assert (diff.identical, diff.path) == (False, "legacy/key")
+    assert nested_digest(a["objects"]) != nested_digest(b["objects"])
+
+
+def test_a_registered_sequential_schedule_covers_its_parts():
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=3)
+    decay = torch.optim.lr_scheduler.StepLR(opt, step_size=5)
+    seq = torch.optim.lr_scheduler.SequentialLR(opt, [warm, decay], milestones=[3])
+    assert unregistered({"model": model, "optimizer": opt, "scheduler": seq}) == []

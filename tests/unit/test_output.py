@@ -24,11 +24,19 @@ def capture():
     a test's setup and its call)."""
     sent: list[list[dict]] = []
     state = {"rank": 3, "gen": 1}
+    arrived = {"now": True}
+
+    def send(lines):
+        sent.append(lines)
+        return len(sent)  # a stand-in for the ObjectRef of the call
+
     cap = OutputCapture(
         tag=lambda: (state["rank"], state["gen"]),
-        send=lambda lines: sent.append(lines),  # returns None: nothing in flight
+        send=send,
         interval_s=3600,
+        arrived=lambda ref, wait_s: arrived["now"],
     )
+    cap.arrived = arrived
     saved: list = []
 
     def install():
@@ -161,3 +169,51 @@ def test_stalwart_logs_prints_a_rank_or_all_and_names_what_is_missing(tmp_path):
     assert "Traceback" not in got.output
     got = runner.invoke(main, ["logs", str(tmp_path / "nope")])
     assert got.exit_code == 2 and "no such run directory" in got.output
+
+
+def test_a_batch_waits_while_the_last_is_in_flight_and_nothing_is_lost(capture):
+    cap, sent, _ = capture()
+    cap.arrived["now"] = False  # the agent does not take batch 1 yet
+    print("one")
+    cap.flush()
+    print("two")
+    cap.flush()
+    assert _lines(sent) == [(3, 1, "out", "one")]  # no second call piled up
+    cap.arrived["now"] = True
+    print("three")
+    cap.flush()
+    assert [x[3] for x in _lines(sent)] == ["one", "two", "three"]
+
+
+def test_lines_wait_until_there_is_an_agent_to_send_them_to():
+    sent: list = []
+    agent: dict = {"ref": None}
+
+    def send(lines):
+        if agent["ref"] is None:
+            return None  # not placed yet: no agent
+        sent.append(lines)
+        return agent["ref"]
+
+    cap = OutputCapture(lambda: (None, 0), send, interval_s=3600, arrived=lambda r, w: True)
+    cap.add("out", "importing the loop")
+    cap.flush()
+    assert sent == []
+    agent["ref"] = 1
+    cap.add("out", "training")
+    cap.flush()
+    assert [x["line"] for batch in sent for x in batch] == ["importing the loop", "training"]
+
+
+def test_the_tee_passes_other_attributes_to_the_original_stream():
+    import io
+
+    from stalwart.orchestrator.worker.output import _Tee
+
+    cap = OutputCapture(lambda: (0, 1), lambda lines: None, interval_s=3600)
+    original = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    tee = _Tee(original, "out", cap)
+    tee.reconfigure(line_buffering=True)  # what scripts do: the original's method
+    assert original.line_buffering and tee.buffer is original.buffer
+    tee.write("kept\n")
+    assert cap.tail(0) == ["kept"]

@@ -26,7 +26,15 @@ class _Agent:
         return [c[1] for c in self.calls if c[0] == "replicate"]
 
 
-def _plan(every: int = 10) -> tuple[ReplicaPlan, dict[str, _Agent], list]:
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _plan(every: int = 10, clock: _Clock | None = None):
     agents = {"a": _Agent(), "b": _Agent()}
     pool = SimpleNamespace(agents=agents, lost_nodes=set())
     events: list = []
@@ -34,13 +42,15 @@ def _plan(every: int = 10) -> tuple[ReplicaPlan, dict[str, _Agent], list]:
         CheckpointSpec(every_steps=every, replicas=2),
         pool,
         lambda kind, **f: events.append((kind, f)),
+        clock=clock or _Clock(),
     )
     plan.sync()
     return plan, agents, events
 
 
 def test_a_required_step_is_sent_at_once_whatever_the_stride():
-    plan, agents, _ = _plan()
+    clock = _Clock()
+    plan, agents, _ = _plan(clock=clock)
     plan.stride = 40  # thinned: 30 is not on the grid the agents send by themselves
     own = {0: {10, 20, 30}, 1: {10, 20, 30}}
     plan.replicate(own, committed=10, statuses={})  # a commit moved: nothing asked
@@ -50,8 +60,12 @@ def test_a_required_step_is_sent_at_once_whatever_the_stride():
     assert agents["a"].asked() == [30] and agents["b"].asked() == [30]
     assert plan.replicating is not None and plan.replicating[0] == 30  # kept by trimming
     # Asked once per REPLICATION_ALIGN_S, not on every poll.
+    clock.now += 0.5
     plan.replicate(own, committed=10, statuses={})
     assert agents["a"].asked() == [30]
+    clock.now += 0.6
+    plan.replicate(own, committed=10, statuses={})
+    assert agents["a"].asked() == [30, 30]
     # Committed: the requirement is met and forgotten.
     plan.replicate(own, committed=30, statuses={})
     assert plan.required is None
@@ -72,6 +86,7 @@ def test_with_one_copy_nothing_is_sent():
         CheckpointSpec(every_steps=1, replicas=2),
         SimpleNamespace(agents=agents, lost_nodes=set()),
         lambda kind, **f: None,
+        clock=_Clock(),
     )
     plan.sync()
     assert plan.copies == 1

@@ -557,6 +557,7 @@ TOP_LEVEL = [
     "metrics",
     "chaos",
     "config",
+    "output_dir",
     "runtime_env",
 ]
 

@@ -72,22 +72,29 @@ def _params(module: torch.nn.Module) -> list[bytes]:
     return [p.detach().numpy().tobytes() for p in module.parameters()]
 
 
-def _blocked(call, group: ElasticGroup) -> tuple[str, float]:
-    """Run `call` (a collective the peer never joins); abort after 0.2 s; what it raised
-    and how long after the abort."""
+def _blocked(call, group: ElasticGroup) -> tuple[str, float, bool]:
+    """Run `call` (a collective the peer never joins); abort once it is pending; what it
+    raised, how long after the abort, and whether it was pending (blocked) when aborted."""
     aborted_at: list[float] = []
+    pending: list[bool] = []
 
     def abort() -> None:
-        time.sleep(0.2)  # let the collective block first (the peer never joins it)
+        deadline = time.monotonic() + 20
+        while group.pending_since() is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling the condition, with a deadline
+        pending.append(group.pending_since() is not None)
         aborted_at.append(time.monotonic())
         group.abort("a peer died")
 
-    threading.Thread(target=abort).start()
+    aborter = threading.Thread(target=abort)
+    aborter.start()
     try:
         call()
     except Exception as e:
-        return type(e).__name__ + ": " + str(e)[:200], time.monotonic() - aborted_at[0]
-    return "returned", 0.0
+        aborter.join()
+        return type(e).__name__ + ": " + str(e)[:200], time.monotonic() - aborted_at[0], pending[0]
+    aborter.join()
+    return "returned", 0.0, pending[0]
 
 
 def _worker(rank: int, port: int, out) -> None:
@@ -249,7 +256,8 @@ def test_a_ddp_the_loop_builds_is_consistent_and_resumes_bit_exactly(ranks):
     "call", ["barrier", "all_reduce_blocked", "reduce_scatter_blocked", "backward_blocked"]
 )
 def test_a_collective_the_peer_never_joins_is_released_by_the_abort(ranks, call):
-    raised, after_s = ranks[1][call]
+    raised, after_s, was_pending = ranks[1][call]
+    assert was_pending, "the collective was not blocked when the abort came"
     assert "a peer died" in raised, raised
     # Released by the abort itself, not by gloo's 60 s timeout.
     assert after_s < 30, after_s

@@ -1,0 +1,67 @@
+"""What ``ctx.register`` accepts: objects with state_dict()/load_state_dict(), and random
+generators, which have none (``torch.Generator``, ``numpy.random.Generator``/``RandomState``,
+``random.Random``), through adapters that give them one.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class _TorchGenerator:
+    def __init__(self, g: torch.Generator):
+        self.g = g
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": self.g.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.g.set_state(state["state"])
+
+
+class _NumpyGenerator:
+    def __init__(self, g: np.random.Generator | np.random.RandomState):
+        self.g = g
+
+    def state_dict(self) -> dict[str, Any]:
+        if isinstance(self.g, np.random.RandomState):
+            return {"legacy": self.g.get_state(legacy=False)}
+        return {"bit_generator": self.g.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "legacy" in state:
+            self.g.set_state(state["legacy"])
+        else:
+            self.g.bit_generator.state = state["bit_generator"]
+
+
+class _PythonRandom:
+    def __init__(self, g: random.Random):
+        self.g = g
+
+    def state_dict(self) -> dict[str, Any]:
+        version, internal, gauss = self.g.getstate()
+        return {"version": version, "internal": list(internal), "gauss": gauss}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.g.setstate((state["version"], tuple(state["internal"]), state["gauss"]))
+
+
+def stateful(name: str, obj: Any) -> Any:
+    """`obj`, or an adapter giving a random generator state_dict/load_state_dict."""
+    if isinstance(obj, torch.Generator):
+        return _TorchGenerator(obj)
+    if isinstance(obj, np.random.Generator | np.random.RandomState):
+        return _NumpyGenerator(obj)
+    if isinstance(obj, random.Random):
+        return _PythonRandom(obj)
+    if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+        raise TypeError(
+            f"ctx.register({name}=...): needs state_dict() and load_state_dict() (or a "
+            f"torch, numpy or python random generator), got {type(obj).__name__}"
+        )
+    return obj
