@@ -629,6 +629,18 @@ class DurableStore:
             raise bad(f"has an invalid tensor layout ({e})") from None
         return Snapshot(step, skeleton, metas, payload)
 
+    def split_complete(self, steps: list[int]) -> tuple[list[int], list[int]]:
+        """`steps` (ascending) as (those with a readable manifest, those without one)."""
+        complete, incomplete = [], []
+        for step in steps:
+            try:
+                self.manifest(step)
+            except CorruptCheckpoint:
+                incomplete.append(step)
+            else:
+                complete.append(step)
+        return complete, incomplete
+
     # -- pruning ------------------------------------------------------------------------
 
     def prune(self, keep_last: int) -> list[int]:
@@ -638,14 +650,7 @@ class DurableStore:
         Returns the deleted steps, ascending."""
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-        complete, incomplete = [], []
-        for step in self.steps():
-            try:
-                self.manifest(step)
-            except CorruptCheckpoint:
-                incomplete.append(step)
-            else:
-                complete.append(step)
+        complete, incomplete = self.split_complete(self.steps())
         if not complete:
             return []
         newest = complete[-1]

@@ -237,14 +237,7 @@ def _read(store: DurableStore, step: int, rank: int) -> tuple[Manifest, Snapshot
 
 
 def _listing(store: DurableStore, steps: list[int]) -> str:
-    complete, partial = [], []
-    for s in steps:
-        try:
-            store.manifest(s)
-        except CorruptCheckpoint:
-            partial.append(s)
-        else:
-            complete.append(s)
+    complete, partial = store.split_complete(steps)
     out = f"steps there: {_brief(complete)}"
     return out + (f" (incomplete, no {MANIFEST_NAME}: {_brief(partial)})" if partial else "")
 
