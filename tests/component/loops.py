@@ -90,42 +90,22 @@ def diverging_loop(ctx) -> None:
     gpt_loop(ctx)
 
 
-def batchnorm_loop(ctx) -> None:
-    """The converted DDP example's CNN under ctx.prepare_model (broadcast_buffers as in DDP),
-    each rank on its own data."""
+def _cnn_loop(ctx, scheduler: str | None, **ddp_kwargs) -> None:
+    """The converted DDP example's CNN under ctx.prepare_model, each rank on its own data;
+    `scheduler`: None, "registered" or "unregistered" (a StepLR the loop forgets)."""
     import torch
     import torch.nn.functional as F
 
     from stalwart.examples.ddp.train import Net, dataset
 
     data = dataset()
-    model = ctx.prepare_model(Net(), broadcast_buffers=True)
+    model = ctx.prepare_model(Net(), **ddp_kwargs)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    ctx.register(model=model, optimizer=optimizer)
-    for step in ctx.steps():
-        lo = (step * ctx.world_size + ctx.rank) * 8 % len(data)
-        images, labels = data[lo : lo + 8]
-        loss = F.cross_entropy(model(images), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        ctx.report(loss=loss.item(), samples=8)
-
-
-def scheduler_loop(ctx) -> None:
-    """A small CNN with a step LR schedule; `register_scheduler: false` forgets to register
-    the scheduler (its schedule then starts over after a recovery)."""
-    import torch
-    import torch.nn.functional as F
-
-    from stalwart.examples.ddp.train import Net, dataset
-
-    data = dataset()
-    model = ctx.prepare_model(Net())
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
-    if ctx.config.get("register_scheduler", True):
-        ctx.register(model=model, optimizer=optimizer, scheduler=scheduler)
+    sched = None
+    if scheduler is not None:
+        sched = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
+    if scheduler == "registered":
+        ctx.register(model=model, optimizer=optimizer, scheduler=sched)
     else:
         ctx.register(model=model, optimizer=optimizer)
     for step in ctx.steps():
@@ -135,5 +115,18 @@ def scheduler_loop(ctx) -> None:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        scheduler.step()
+        if sched is not None:
+            sched.step()
         ctx.report(loss=loss.item(), samples=8)
+
+
+def batchnorm_loop(ctx) -> None:
+    """The CNN (BatchNorm) with DDP's broadcast_buffers, as in DDP."""
+    _cnn_loop(ctx, scheduler=None, broadcast_buffers=True)
+
+
+def scheduler_loop(ctx) -> None:
+    """The CNN with a step LR schedule; `register_scheduler: false` forgets to register
+    the scheduler (its schedule then starts over after a recovery)."""
+    registered = ctx.config.get("register_scheduler", True)
+    _cnn_loop(ctx, scheduler="registered" if registered else "unregistered")
