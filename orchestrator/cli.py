@@ -25,9 +25,6 @@ from stalwart.orchestrator.spec import json_schema
 STATUS_WATCH_S = 1.0  # how often `stalwart status --watch` asks
 
 
-_load = load_job
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="stalwart")
 def main() -> None:
@@ -50,7 +47,7 @@ _set_option = click.option(
 def validate(file: str, overrides: tuple[str, ...], fmt: str) -> None:
     """Validate a job spec; exit 2 listing every error with its field path."""
     console = Console(stderr=True)
-    spec = _load(file, overrides, console)
+    spec = load_job(file, overrides, console)
     if fmt == "json":
         click.echo(json.dumps(spec.model_dump(mode="json"), indent=2))
     else:
@@ -123,7 +120,7 @@ def run(
     from stalwart.orchestrator.worker.entrypoint import EntrypointError, load_entrypoint
 
     err = Console(stderr=True)
-    spec = _load(file, overrides, err)
+    spec = load_job(file, overrides, err)
     base_dir = str(Path(file).resolve().parent)
     # On this machine's embedded Ray the workers import exactly what we can: check it now.
     # A remote cluster may have the code where we do not (its image, a runtime_env); there
