@@ -244,7 +244,7 @@ def print_summary(console: Console, result: dict[str, Any]) -> None:
                 str(x["step"]),
                 _ms(x["detected_after_s"]),
                 _ms(x["recovered_after_s"]),
-                str(x["steps_redone"]),
+                "-" if x["steps_redone"] is None else str(x["steps_redone"]),
             )
         parts.append(f)
     if result.get("error"):

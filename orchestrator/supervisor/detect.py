@@ -53,6 +53,9 @@ class Detection:
         self.monitor = HealthMonitor(spec.health)
         self.poller = ReportPoller(lambda node: pool.agents[node].report.remote(), self.monitor)
         self.beats: dict[int, dict[str, Any]] = {}  # rank -> its newest heartbeat
+        # The newest step any rank beat, in any generation: kept when ranks are replaced or
+        # renumbered (a recovery that replaced every rank still knows how far they came).
+        self.reached = 0
         self.flags: list[dict[str, Any]] = []  # every straggler flag, for the result
         self._straggling: set[int] = set()
         self._last_ray_check = 0.0
@@ -76,6 +79,7 @@ class Detection:
                     rank = int(rank)
                     if rank in pool.workers and beat["pid"] == pool.worker_info[rank]["pid"]:
                         self.beats[rank] = beat
+                        self.reached = max(self.reached, beat.get("step") or 0)
                         if beat.get("generation") == generation:
                             self.monitor.beat(rank, beat)
                 if rep["gpus"]:

@@ -68,10 +68,12 @@ class Ledger:
         restored_step: int | None,
         decided_at: float,
         reached: int,
+        fatal: bool = False,
     ) -> list[dict[str, Any]]:
         """One entry per failed rank (a collective error beside a root cause is its symptom,
         not a failure of its own), with the chaos fault that caused it if one did; `reached`:
-        the newest step any rank reached. Returns the new entries."""
+        the newest step any rank reached; `fatal`: the job ends with them (nothing is
+        redone). Returns the new entries."""
         used = []
         recorded = len(self.failures)
         for f in per_rank(failures):
@@ -83,6 +85,9 @@ class Ledger:
             if fault is not None:
                 used.append(fault)
             t_fail = fault["at"] if fault else None
+            # How far the job had come: a failure's own step counts (when every rank was
+            # replaced, no live rank remembers it).
+            high = max(reached, fault["step"] if fault else (f.step or 0))
             self.failures.append(
                 {
                     "kind": f.kind.value,
@@ -96,11 +101,13 @@ class Ledger:
                     "failed_at": t_fail,
                     "detected_at": f.at,
                     "detected_after_s": round(f.at - t_fail, 4) if t_fail else None,
-                    "decided_after_s": round(decided_at - f.at, 4),
+                    # A failure the release surfaced joins the recovery already decided:
+                    # decided when it was seen.
+                    "decided_after_s": round(max(decided_at - f.at, 0.0), 4),
                     "restored_step": restored_step,
-                    "steps_redone": (reached - restored_step)
-                    if restored_step is not None
-                    else None,
+                    # Restarted from step 0 (no restore point): every step is redone.
+                    "steps_redone": None if fatal else max(high - (restored_step or 0), 0),
+                    "fault_index": fault["index"] if fault else None,
                     "recovered_after_s": None,
                 }
             )
@@ -149,6 +156,7 @@ class Ledger:
             f["phases_s"] = {k: round(v, 4) for k, v in phases.items()}
             f["phases_s"]["detect"] = f["detected_after_s"]
             f["phases_s"]["decide"] = f["decided_after_s"]
+            f["restore_tiers"] = dict(restore_tiers)
         self._emit(
             "recovered",
             generation=generation,
