@@ -163,7 +163,8 @@ def _run(address: str, spec: dict, out: Path) -> dict:
 
     with _MemoryPeak() as mem:
         result = run_job(
-            validate(spec), RunOptions(address=address, output=out, base_dir=str(REPO))
+            validate(spec),
+            RunOptions(address=address, output=out, base_dir=str(REPO), owns_cluster=True),
         )
     result["peak_mem_gb"] = round(mem.peak_gb, 2)
     result["events"] = [

@@ -98,6 +98,12 @@ def _resume_value(value: str) -> str:
     help="show every rank's printed lines live (default: rank 0's; all are kept under "
     "OUTPUT/logs/)",
 )
+@click.option(
+    "--allow-remote",
+    is_flag=True,
+    help="allow the spec's chaos faults on a cluster this command did not start (the spec "
+    "must also say chaos.enabled: true)",
+)
 def run(
     file: str,
     overrides: tuple[str, ...],
@@ -107,9 +113,11 @@ def run(
     num_cpus: int | None,
     resume: str,
     all_ranks: bool = False,
+    allow_remote: bool = False,
 ) -> None:
     """Train the job in FILE, recovering from failures, and print a summary."""
     from stalwart.orchestrator.driver import (
+        ChaosRefused,
         ClusterUnreachable,
         JobAlreadyRunning,
         RunOptions,
@@ -134,7 +142,12 @@ def run(
             sys.exit(EXIT_USAGE)
     out = Path(output) if output else Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     opts = RunOptions(
-        address=address, output=out, base_dir=base_dir, num_cpus=num_cpus, resume=resume
+        address=address,
+        output=out,
+        base_dir=base_dir,
+        num_cpus=num_cpus,
+        resume=resume,
+        allow_remote_chaos=allow_remote,
     )
     console = Console(stderr=fmt == "json")
     try:
@@ -156,7 +169,7 @@ def run(
                     on_progress=view.update,
                     on_output=lambda lines: view.output(lines, all_ranks),
                 )
-    except (ClusterUnreachable, JobAlreadyRunning, UnsupportedDependency) as e:
+    except (ClusterUnreachable, JobAlreadyRunning, UnsupportedDependency, ChaosRefused) as e:
         err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)
     except SupervisorLost as e:

@@ -79,7 +79,12 @@ def verify(
     def run(variant, run_dir: Path):
         console.print(f"stalwart verify: {run_dir.name} run -> {run_dir}", highlight=False)
         opts = RunOptions(
-            address=address, output=run_dir, base_dir=base_dir, num_cpus=num_cpus, resume="never"
+            address=address,
+            output=run_dir,
+            base_dir=base_dir,
+            num_cpus=num_cpus,
+            resume="never",
+            allow_remote_chaos=True,  # the kill is what `stalwart verify` is for
         )
         return run_job(variant, opts)
 

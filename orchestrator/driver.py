@@ -34,6 +34,11 @@ class JobAlreadyRunning(RuntimeError):
     """Another job of the same name runs on the cluster."""
 
 
+class ChaosRefused(ValueError):
+    """A spec with chaos faults aimed at a cluster this command did not start, without
+    both opt-ins."""
+
+
 class SupervisorLost(RuntimeError):
     """The job's supervisor died more often than failure.supervisor_restarts allows."""
 
@@ -49,6 +54,30 @@ class RunOptions:
     num_cpus: int | None = None  # embedded Ray only
     connect_timeout_s: float = 10.0
     resume: str = "auto"  # "auto", "never" or a step number (checkpoint.persist.uri)
+    # The caller started the cluster at `address` itself (a test, `stalwart chaos run`):
+    # chaos faults need no opt-in there, and a kill_node may kill whole raylets.
+    owns_cluster: bool = False
+    allow_remote_chaos: bool = False  # --allow-remote
+
+
+def check_chaos_allowed(spec: JobSpec, opts: RunOptions) -> None:
+    """Faults against a cluster that is not the embedded one (nor one the caller started)
+    need `chaos.enabled: true` in the spec and --allow-remote on the command."""
+    remote = bool(opts.address or os.environ.get("RAY_ADDRESS"))
+    if not spec.chaos.faults or not remote or opts.owns_cluster:
+        return
+    missing = []
+    if not spec.chaos.enabled:
+        missing.append("`chaos.enabled: true` in the spec")
+    if not opts.allow_remote_chaos:
+        missing.append("--allow-remote on the command")
+    if missing:
+        raise ChaosRefused(
+            f"refusing to inject {len(spec.chaos.faults)} chaos fault(s) into a cluster this "
+            f"command did not start ({opts.address or os.environ.get('RAY_ADDRESS')}): that "
+            f"needs {' and '.join(missing)}; there a kill_node kills only this job's "
+            "processes on the node, never its raylet"
+        )
 
 
 def _probe(address: str, timeout: float) -> None:
@@ -131,6 +160,7 @@ def run_job(
 
     from stalwart.orchestrator.supervisor.actor import JobSupervisor
 
+    check_chaos_allowed(spec, opts)
     out = Path(opts.output)
     out.mkdir(parents=True, exist_ok=True)
     events_path = out / "events.jsonl"
@@ -152,6 +182,7 @@ def run_job(
         # One store key for every supervisor of this run: a restarted one finds the node
         # agents (and the shards in their memory) by it.
         store_key = f"{spec.name}-{uuid.uuid4().hex[:12]}"
+        owned = where == "embedded" or opts.owns_cluster
 
         def start(adopt: dict[str, Any] | None) -> Any:
             return (
@@ -166,7 +197,14 @@ def run_job(
                     # worker node (or a chaos kill_node) never takes the supervisor along.
                     scheduling_strategy=NodeAffinitySchedulingStrategy(_head_node(), soft=False),
                 )
-                .remote(spec.model_dump(mode="json"), opts.base_dir, opts.resume, store_key, adopt)
+                .remote(
+                    spec.model_dump(mode="json"),
+                    opts.base_dir,
+                    opts.resume,
+                    store_key,
+                    adopt,
+                    owned_cluster=owned,
+                )
             )
 
         supervisor = start(None)

@@ -353,6 +353,12 @@ Fault = Annotated[
 
 
 class ChaosSpec(_Model):
+    enabled: bool = Field(
+        False,
+        description="allow these faults on a cluster this command did not start (with "
+        "--allow-remote on the command): on an embedded Ray, or a cluster `stalwart chaos "
+        "run` started itself, faults need no opt-in",
+    )
     faults: list[Fault] = Field(default_factory=list)
 
 

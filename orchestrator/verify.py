@@ -80,7 +80,8 @@ def variant(spec: JobSpec, steps: int, faults: list[dict[str, Any]], uri: str) -
     """`spec` for N steps with these faults, its final state written to `uri`."""
     data = copy.deepcopy(spec.model_dump(mode="json"))
     data["steps"] = steps
-    data["chaos"] = {"faults": faults}
+    # verify's one fault is its own kill of the job's own worker: the command asks for it.
+    data["chaos"] = {"enabled": True, "faults": faults}
     data["checkpoint"]["persist"] = {"uri": str(uri), "every_steps": steps, "keep_last": 1}
     return JobSpec.model_validate(data)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ from stalwart.ckpt.store import MemoryShardStore, ShardInfo, ShmShardStore
 from stalwart.health.gpu_probe import FakeGpuProbe, GpuProbe, make_probe
 from stalwart.health.xid import GpuReading
 from stalwart.orchestrator.agent.replication import Replicator
+from stalwart.orchestrator.chaos import actions as chaos_actions
 
 SHM_ROOT = "/dev/shm/stalwart"
 # An agent no supervisor has called for this long exits (a supervisor polls it several
@@ -211,6 +213,17 @@ class NodeAgent:
         """A chaos fault (by its index in the spec) is being carried out."""
         with self._lock:
             self._fired.add(index)
+
+    def kill_job_here(self, caller: int) -> list[int]:
+        """Chaos kill_node on a cluster this job does not own: kill the job's processes on
+        this node (the ranks that beat here, then this agent, a moment after answering)
+        and nothing else: a pid is killed only while it is still a Ray worker of this
+        node's raylet. `caller` (the rank carrying the fault out) kills itself."""
+        with self._lock:
+            pids = {b.get("pid") for b in self._beats.values()} - {caller, None}
+        killed = [pid for pid in sorted(pids) if chaos_actions.kill_if_sibling(pid)]
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        return killed
 
     def worker_output(self, lines: list[dict[str, Any]]) -> None:
         """A batch of lines one of this node's ranks printed (worker/output.py); they go to

@@ -2,7 +2,9 @@
 
 The job spec's ``chaos.faults`` name a rank and a step; the worker holding that rank calls
 ``carry_out`` from its training thread. Process-level faults (kill_worker, hang) act on the
-worker; node-level faults (kill_node, gpu_xid) act on the node hosting it.
+worker; node-level faults (kill_node, gpu_xid) act on the node hosting it. A kill_node kills
+the raylet and everything under it only on a cluster the command itself started (scope
+"raylet"); elsewhere it kills the job's own processes on that node (scope "job").
 """
 
 from __future__ import annotations
@@ -63,6 +65,30 @@ def kill_node() -> None:
     os.kill(me, signal.SIGKILL)
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(text[text.rindex(")") + 2 :].split()[1])
+
+
+def kill_if_sibling(pid: int) -> bool:
+    """SIGKILL `pid` if it is a child of this process's parent (a worker of the same raylet)
+    and a Ray worker ("ray::..."): a pid a dead rank left behind, reused by another
+    process since, is left alone."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    if _parent(pid) != os.getppid() or not cmdline.startswith(b"ray::"):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+        return True
+    return False
+
+
 def hang_forever() -> None:
     """Block the calling thread as a deadlock would: no exception, no return."""
     while True:
@@ -77,12 +103,17 @@ def carry_out(
     drop_replicas: Callable[[], None] | None = None,
     storage_outage: Callable[[float], None] | None = None,
     kill_supervisor: Callable[[], None] | None = None,
+    kill_job_on_node: Callable[[], None] | None = None,
 ) -> None:
     kind = fault["kind"]
     if kind == "kill_worker":
         os.kill(os.getpid(), signal.SIGKILL)
-    elif kind == "kill_node":
+    elif kind == "kill_node" and fault.get("scope") == "raylet":
         kill_node()
+    elif kind == "kill_node" and kill_job_on_node is not None:
+        # Not our cluster: the job's processes on this node, never its raylet.
+        kill_job_on_node()
+        os.kill(os.getpid(), signal.SIGKILL)
     elif kind == "hang":
         hang_forever()
     elif kind == "slow":

@@ -20,8 +20,12 @@ NODE_FAULTS = ("kill_node", "gpu_xid")  # faults that hit the node hosting the r
 
 
 class FaultBook:
-    def __init__(self, faults: list[Fault]):
+    def __init__(self, faults: list[Fault], node_scope: str = "job"):
+        """`node_scope`: what a kill_node kills on its node: "raylet" (the raylet and every
+        process under it, on a cluster the command itself started) or "job" (this job's
+        processes there: its workers and its node agent; on anybody else's cluster)."""
         self.faults = faults
+        self.node_scope = node_scope
         self._lock = threading.Lock()  # record() is called from the actor's other threads
         self.records: list[dict[str, Any]] = []  # carried out, not yet matched to a failure
         self.fired: set[int] = set()
@@ -65,6 +69,8 @@ class FaultBook:
             if i in self.fired:
                 continue
             fault = {**f.model_dump(mode="json"), "index": i}
+            if f.kind == "kill_node":
+                fault["scope"] = self.node_scope
             if f.kind == "kill_node" and node_of(f.rank) == home_node:
                 with self._lock:
                     self.fired.add(i)

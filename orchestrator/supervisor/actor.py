@@ -56,9 +56,11 @@ class JobSupervisor:
         resume: str = "auto",
         store_key: str | None = None,
         adopt: dict[str, Any] | None = None,
+        owned_cluster: bool = False,
     ):
         """`adopt`: this supervisor replaces one that died ({"restarts": n}); it takes the
-        job back from the node agents of `store_key`, which outlived it."""
+        job back from the node agents of `store_key`, which outlived it. `owned_cluster`:
+        the command started this cluster (a chaos kill_node may kill whole raylets)."""
         self.spec = JobSpec.model_validate(spec)
         self.resume = resume  # "auto", "never" or a step number (whole-job resume)
         self.adopt = adopt
@@ -79,7 +81,7 @@ class JobSupervisor:
         self._commit_seen = threading.Condition()  # notified after each round of reports
         self.pending: list[WorkerFailure] = []  # failures awaiting a decision
         spec_, emit = self.spec, self.events.emit
-        self.faults = FaultBook(spec_.chaos.faults)
+        self.faults = FaultBook(spec_.chaos.faults, "raylet" if owned_cluster else "job")
         self.pool = WorkerPool(spec_, self.store_key, base_dir, emit)
         self.gen = Generation(spec_, self.pool, emit)
         self.preflight = Preflight(spec_, self.pool, self.faults, emit)
@@ -375,7 +377,7 @@ class JobSupervisor:
         if decision.action is Action.FAIL:
             self.ledger.fail(reason, _root_cause(failures))
             self.gen.abort_all(reason)
-            self.ledger.record_failures(failures, None, time.time(), self._reached())
+            self.ledger.record_failures(failures, None, time.time(), self._reached(), fatal=True)
             self._set(JobState.FAILED, reason)
             return
         self._set(JobState.RECOVERING, reason, Recovering(decision, reason, failures))
@@ -452,7 +454,11 @@ class JobSupervisor:
         """The newest step any rank reached, in any generation."""
         beats = list(self.detect.beats.values())
         finished = list(self.gen.finished.values())
-        return max([b.get("step", 0) for b in beats] + [o.get("step", 0) for o in finished] + [0])
+        return max(
+            [b.get("step", 0) for b in beats]
+            + [o.get("step", 0) for o in finished]
+            + [self.detect.reached]
+        )
 
     # --- metrics ------------------------------------------------------------------------------
 

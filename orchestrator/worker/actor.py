@@ -389,6 +389,9 @@ class TrainWorker:
             drop_replicas=lambda: ray.get(self.agent.wipe.remote(fault["at_step"])),
             storage_outage=lambda seconds: ray.get(self.supervisor.storage_outage.remote(seconds)),
             kill_supervisor=lambda: ray.kill(self.supervisor, no_restart=True),
+            kill_job_on_node=lambda: ray.get(
+                self.agent.kill_job_here.remote(os.getpid()), timeout=10
+            ),
         )
 
     def _gpu_for_probe(self) -> int:

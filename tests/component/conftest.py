@@ -106,7 +106,9 @@ def make_runner(address: str, tmp_path: Path):
     def _run(spec: dict[str, Any]) -> dict[str, Any]:
         out = tmp_path / f"run{next(counter)}"
         result = run_job(
-            validate(spec), RunOptions(address=address, output=out, base_dir=str(REPO))
+            validate(spec),
+            # The tests started these clusters: a kill_node may kill a raylet there.
+            RunOptions(address=address, output=out, base_dir=str(REPO), owns_cluster=True),
         )
         on_disk = json.loads((out / "result.json").read_text())
         assert on_disk["status"] == result["status"]

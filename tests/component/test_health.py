@@ -294,7 +294,9 @@ def _start(multinode, spec, out):
     job = validate(spec)
 
     def target():
-        opts = RunOptions(address=multinode.address, output=out, base_dir=str(REPO))
+        opts = RunOptions(
+            address=multinode.address, output=out, base_dir=str(REPO), owns_cluster=True
+        )
         box["result"] = run_job(job, opts)
 
     thread = threading.Thread(target=target, daemon=True)

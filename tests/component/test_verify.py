@@ -55,7 +55,10 @@ def test_verify_names_what_an_unregistered_scheduler_changes(ray_address, tmp_pa
     spec = validate(_spec(register=False))
 
     def run(variant, out: Path):
-        return run_job(variant, RunOptions(address=ray_address, output=out, base_dir=str(REPO)))
+        return run_job(
+            variant,
+            RunOptions(address=ray_address, output=out, base_dir=str(REPO), owns_cluster=True),
+        )
 
     verdict = verify(spec, run, tmp_path / "v", kill_at=9)
     assert not verdict.identical
