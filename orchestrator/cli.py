@@ -414,6 +414,7 @@ def logs(run_dir: str, rank: int | None, follow: bool) -> None:
         sys.exit(EXIT_CANCELLED)
 
 
+from stalwart.orchestrator.cli_chaos import chaos as _chaos  # noqa: E402
 from stalwart.orchestrator.cli_checkpoint import checkpoint as _checkpoint  # noqa: E402
 from stalwart.orchestrator.cli_dashboards import dashboards as _dashboards  # noqa: E402
 from stalwart.orchestrator.cli_verify import verify as _verify  # noqa: E402
@@ -421,6 +422,7 @@ from stalwart.orchestrator.cli_verify import verify as _verify  # noqa: E402
 main.add_command(_dashboards)
 main.add_command(_verify)
 main.add_command(_checkpoint)
+main.add_command(_chaos)
 
 
 if __name__ == "__main__":

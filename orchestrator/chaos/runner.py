@@ -1,0 +1,243 @@
+"""`stalwart chaos run`: the failure-free baseline (cached), the chaos run, the verdict.
+
+The two runs share the cluster: the one at --address, else one the command starts (an
+embedded Ray, or a local multi-node Ray when the scenario asks for worker nodes) and stops.
+The baseline's digest is cached under a key of the job spec without faults and the code
+that trains it (stalwart's sources, torch's and Ray's versions, the entrypoint's file), so
+a scenario suite runs each job's baseline once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stalwart.orchestrator.chaos.render import junit
+from stalwart.orchestrator.chaos.scenario import Scenario, job_specs
+from stalwart.orchestrator.chaos.verdict import Verdict, judge
+from stalwart.orchestrator.driver import ChaosRefused, RunOptions, run_job
+from stalwart.orchestrator.spec import JobSpec
+
+PACKAGE = Path(__file__).resolve().parents[2]  # the installed `stalwart` package
+SUBPACKAGES = ("orchestrator", "health", "ckpt", "dashboards", "examples")
+
+
+class BaselineFailed(RuntimeError):
+    """The failure-free run did not succeed: there is nothing to compare with."""
+
+
+@dataclass(frozen=True)
+class ChaosOptions:
+    output: Path
+    address: str | None = None  # None: the command starts the scenario's cluster
+    owns_cluster: bool = False  # the caller started the cluster at `address`
+    allow_remote: bool = False  # --allow-remote
+    base_dir: str | None = None  # where relative 'file.py:fn' entrypoints are found
+    use_cache: bool = True
+    cache_dir: Path | None = None  # default: $STALWART_CACHE_DIR or ~/.cache/stalwart
+    prometheus_url: str | None = None
+
+
+def cache_dir(opts: ChaosOptions) -> Path:
+    if opts.cache_dir is not None:
+        return opts.cache_dir
+    env = os.environ.get("STALWART_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "stalwart"
+
+
+def code_version(spec: JobSpec, base_dir: str | None) -> str:
+    """A hash of what decides a baseline's digest besides the spec: stalwart's sources,
+    torch's and Ray's versions, the entrypoint's own file."""
+    import ray
+    import torch
+
+    h = hashlib.sha256(f"torch {torch.__version__} ray {ray.__version__}".encode())
+    sources = [p for sub in SUBPACKAGES for p in (PACKAGE / sub).rglob("*.py")]
+    for path in sorted(sources):
+        h.update(str(path.relative_to(PACKAGE)).encode())
+        h.update(path.read_bytes())
+    target = spec.entrypoint.rpartition(":")[0]
+    source: Path | None = None
+    if target.endswith(".py"):
+        source = Path(target) if Path(target).is_absolute() else Path(base_dir or ".") / target
+    else:
+        with contextlib.suppress(ImportError, ValueError, AttributeError):
+            found = importlib.util.find_spec(target)
+            source = Path(found.origin) if found and found.origin else None
+    if source is not None and source.is_file():
+        h.update(source.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def baseline_key(spec: JobSpec, base_dir: str | None) -> str:
+    text = json.dumps(spec.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(f"{text}\n{code_version(spec, base_dir)}".encode()).hexdigest()[:24]
+
+
+@contextlib.contextmanager
+def scenario_cluster(sc: Scenario, opts: ChaosOptions) -> Iterator[tuple[str | None, bool]]:
+    """(address, owned): the cluster both runs use. A local multi-node Ray the command
+    starts here is stopped on the way out (its loopback ports only)."""
+    if opts.address is not None:
+        yield opts.address, opts.owns_cluster
+        return
+    if sc.cluster.worker_nodes == 0:
+        yield None, True  # each run's embedded Ray
+        return
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        connect=False,
+        head_node_args={"num_cpus": 0, "include_dashboard": False},
+    )
+    try:
+        for _ in range(sc.cluster.worker_nodes):
+            cluster.add_node(num_cpus=sc.cluster.cpus_per_node)
+        cluster.wait_for_nodes()
+        yield cluster.address, True
+    finally:
+        import ray
+
+        ray.shutdown()
+        cluster.shutdown()
+
+
+class AlertWatch:
+    """Asks Prometheus once a second which alerts fire for the job; remembers when each
+    first did. Alerts without a train_job label (ExporterAbsent) count for every job."""
+
+    def __init__(self, url: str, job: str, started: float):
+        self.url = url.rstrip("/")
+        self.job = job
+        self.started = started
+        self.fired: dict[str, float] = {}
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="alert-watch", daemon=True)
+        self._thread.start()
+
+    def _once(self) -> None:
+        query = urllib.parse.urlencode({"query": 'ALERTS{alertstate="firing"}'})
+        with urllib.request.urlopen(f"{self.url}/api/v1/query?{query}", timeout=5) as r:
+            data = json.load(r)
+        for item in data.get("data", {}).get("result", []):
+            labels = item.get("metric", {})
+            if labels.get("train_job", self.job) == self.job:
+                name = labels.get("alertname", "?")
+                self.fired.setdefault(name, round(time.time() - self.started, 1))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                self._once()
+                self.error = None
+            except (OSError, ValueError) as e:
+                self.error = f"cannot query Prometheus at {self.url}: {e}"
+
+    def finish(self, expected: list[str], within_s: float) -> dict[str, float]:
+        deadline = time.monotonic() + within_s
+        while not set(expected) <= set(self.fired) and time.monotonic() < deadline:
+            self._stop.wait(1.0)
+        self._stop.set()
+        self._thread.join(timeout=10)
+        return dict(self.fired)
+
+
+def _run(spec: JobSpec, out: Path, address: str | None, owned: bool, opts: ChaosOptions, **kw):
+    ropts = RunOptions(
+        address=address,
+        output=out,
+        base_dir=opts.base_dir,
+        resume="never",
+        owns_cluster=owned,
+        allow_remote_chaos=opts.allow_remote,
+    )
+    return run_job(spec, ropts, **kw)
+
+
+def baseline_digest(
+    spec: JobSpec,
+    address: str | None,
+    owned: bool,
+    opts: ChaosOptions,
+    say: Callable[[str], None],
+) -> str:
+    key = baseline_key(spec, opts.base_dir)
+    path = cache_dir(opts) / "baselines" / f"{key}.json"
+    if opts.use_cache and path.is_file():
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            cached = json.loads(path.read_text())
+            say(f"baseline: cached ({path}), digest {cached['model_digest'][:12]}")
+            return cached["model_digest"]
+    say(f"baseline: {spec.name}, {spec.steps} steps without faults")
+    result = _run(spec, opts.output / "baseline", address, owned, opts)
+    if result["status"] != "succeeded" or result["failures"]:
+        why = (result.get("error") or {}).get("message") or f"{len(result['failures'])} failures"
+        raise BaselineFailed(
+            f"the failure-free run of {spec.name} did not succeed ({result['status']}: {why}); "
+            f"see {opts.output / 'baseline'}"
+        )
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps(
+                {
+                    "model_digest": result["model_digest"],
+                    "job": spec.name,
+                    "steps": spec.steps,
+                    "wall_seconds": result["wall_seconds"],
+                    "written_at": time.time(),
+                },
+                indent=2,
+            )
+        )
+        tmp.replace(path)
+    return result["model_digest"]
+
+
+def run_scenario(
+    sc: Scenario,
+    opts: ChaosOptions,
+    say: Callable[[str], None] = lambda _m: None,
+    on_progress: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
+) -> Verdict:
+    """Run the scenario: its baseline (unless cached), its chaos run, the verdict (also
+    written to OUTPUT/verdict.json and OUTPUT/junit.xml)."""
+    clean, faulty = job_specs(sc)
+    opts.output.mkdir(parents=True, exist_ok=True)
+    with scenario_cluster(sc, opts) as (address, owned):
+        if address is not None and not owned and not opts.allow_remote:
+            raise ChaosRefused(
+                f"refusing to run chaos scenario {sc.name} on {address}, a cluster this "
+                "command did not start: that needs --allow-remote on the command and "
+                "`chaos.enabled: true` in the job spec"
+            )
+        digest = baseline_digest(clean, address, owned, opts, say)
+        say(f"chaos run: {faulty.name}, {len(faulty.chaos.faults)} fault(s)")
+        watch = (
+            AlertWatch(opts.prometheus_url, faulty.name, time.time())
+            if opts.prometheus_url
+            else None
+        )
+        result = _run(faulty, opts.output / "chaos", address, owned, opts, on_progress=on_progress)
+        alerts = watch.finish(sc.expect.alerts, sc.expect.alerts_within_s) if watch else None
+    events_path = opts.output / "chaos" / "events.jsonl"
+    events = [json.loads(line) for line in events_path.read_text().splitlines() if line]
+    faults = [f.model_dump(mode="json") for f in faulty.chaos.faults]
+    verdict = judge(sc, faults, result, events, digest, alerts)
+    (opts.output / "verdict.json").write_text(json.dumps(verdict.to_dict(), indent=2) + "\n")
+    (opts.output / "junit.xml").write_text(junit([verdict]))
+    return verdict

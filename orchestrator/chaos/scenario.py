@@ -1,0 +1,167 @@
+"""A chaos scenario (YAML): the job, the faults to inject into it, the cluster to run it on and
+what must hold afterwards.
+
+    name: kill-worker
+    job:
+      spec: ../quickstart.yaml        # relative to this file
+      set: ["steps=120"]               # --set overrides
+    cluster: {worker_nodes: 3, cpus_per_node: 2}   # optional: a local multi-node Ray
+    seed: 1                            # for `rank: random`
+    faults:
+      - {kind: kill_worker, rank: 1, at_step: 30}
+      - {kind: kill_node, rank: random, at_step: 60, after_commit: true}
+    expect:
+      finishes: true
+      digest_equals_baseline: true
+      max_steps_lost_per_failure: 1
+      max_recovery_seconds: {kill_worker: 10, default: 30}
+      alerts: [StalwartRestartBudgetLow]   # checked when --prometheus URL is given
+
+A fault is a job spec fault (orchestrator/spec.py: its kind's fields, validated there) whose
+`rank` may be `random` (drawn with the scenario's seed). The job spec's own faults are
+replaced by the scenario's; the baseline runs the same spec with none.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+
+from stalwart.orchestrator.spec import (
+    JobSpec,
+    SpecError,
+    _format_error,
+    apply_overrides,
+    validate,
+)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JobRef(_Model):
+    spec: str = Field(description="the job spec file, relative to the scenario file")
+    set: list[str] = Field(default_factory=list, description="--set overrides, key.path=value")
+
+
+class Cluster(_Model):
+    """Where the scenario runs when no --address is given: with `worker_nodes` 0 an
+    embedded one-node Ray, else a local multi-node Ray the command starts (a CPU-less head
+    for the supervisor, `worker_nodes` raylets of `cpus_per_node` CPUs) and stops."""
+
+    worker_nodes: StrictInt = Field(0, ge=0, le=16)
+    cpus_per_node: StrictInt = Field(2, ge=1)
+
+
+class Expect(_Model):
+    finishes: bool = Field(True, description="the chaos run ends with status succeeded")
+    digest_equals_baseline: bool = Field(
+        True, description="its model digest is the failure-free run's, bit for bit"
+    )
+    max_steps_lost_per_failure: StrictInt | None = Field(
+        None, ge=0, description="steps redone after any one failure, at most"
+    )
+    max_recovery_seconds: dict[str, float] = Field(
+        default_factory=dict,
+        description="fault kind (or `default`) -> seconds from the failure to every rank's "
+        "next step, at most",
+    )
+    alerts: list[str] = Field(
+        default_factory=list,
+        description="alerts that must fire for this job (needs --prometheus URL)",
+    )
+    alerts_within_s: float = Field(
+        120.0, gt=0, description="how long after the job ends an expected alert may take"
+    )
+    from_scratch_ok: bool = Field(
+        False,
+        description="a recovery may restart the job from step 0 (no restore point): by "
+        "default that fails the verdict",
+    )
+
+
+class Scenario(_Model):
+    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
+    description: str = ""
+    job: JobRef
+    cluster: Cluster = Field(default_factory=Cluster)
+    seed: int = 0
+    faults: list[dict[str, Any]] = Field(min_length=1)
+    expect: Expect = Field(default_factory=Expect)
+    source: Path | None = Field(None, exclude=True)  # the file it was read from
+
+    def resolved_faults(self, workers: int) -> list[dict[str, Any]]:
+        """The faults with `rank: random` drawn (seeded), as job spec faults."""
+        rng = random.Random(self.seed)
+        out = []
+        for f in self.faults:
+            f = dict(f)
+            if f.get("rank") == "random":
+                f["rank"] = rng.randrange(workers)
+            out.append(f)
+        return out
+
+
+def _spec_path(sc: Scenario) -> Path:
+    p = Path(sc.job.spec)
+    if not p.is_absolute() and sc.source is not None:
+        p = sc.source.parent / p
+    return p
+
+
+def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
+    """Read and check a scenario file; SpecError names every bad field. `overrides`
+    (key.path=value) apply to the scenario, e.g. `job.set=[...]` or `seed=3`."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise SpecError(str(path), [f"cannot read: {e.strerror}"]) from None
+    except yaml.YAMLError as e:
+        raise SpecError(str(path), [f"not valid YAML: {e}"]) from None
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else type(data).__name__
+        raise SpecError(str(path), [f"expected a mapping at the top level, got {got}"])
+    data = apply_overrides(data, list(overrides))
+    try:
+        sc = Scenario.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(str(path), [_format_error(err) for err in e.errors()]) from None
+    sc.source = path.resolve()
+    return sc
+
+
+def job_specs(sc: Scenario) -> tuple[JobSpec, JobSpec]:
+    """(baseline, chaos): the scenario's job without faults and with them, each under a
+    name of its own (NAME-baseline, NAME-chaos) (their durable checkpoints, if any, never mix). SpecError names the
+    spec file, or the scenario's fault, that is wrong."""
+    path = _spec_path(sc)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise SpecError(f"{sc.source}: job.spec", [f"cannot read {path}: {e.strerror}"]) from None
+    except yaml.YAMLError as e:
+        raise SpecError(str(path), [f"not valid YAML: {e}"]) from None
+    if not isinstance(data, dict):
+        raise SpecError(str(path), ["expected a mapping at the top level"])
+    data = apply_overrides(data, list(sc.job.set))
+    base = validate({**data, "chaos": {"faults": []}}, str(path))
+    faults = sc.resolved_faults(base.max_workers)
+    name = base.name[:48]
+    clean = base.model_copy(update={"name": f"{name}-baseline"})
+    # chaos.enabled stays the spec's: on a cluster the command did not start it must be
+    # set (with --allow-remote), as for `stalwart run`.
+    enabled = bool((data.get("chaos") or {}).get("enabled", False))
+    chaos = {**data, "name": f"{name}-chaos", "chaos": {"enabled": enabled, "faults": faults}}
+    try:
+        faulty = validate(chaos, str(path))
+    except SpecError as e:
+        # The faults are the scenario's: say so, with the scenario's field names.
+        errors = [m.replace("chaos.faults.", "faults.") for m in e.errors]
+        raise SpecError(str(sc.source), errors) from None
+    return clean, faulty

@@ -1,0 +1,228 @@
+"""A chaos run's verdict: what each fault did to the job and whether the scenario's
+expectations held. A pure function of the run's result.json, its event log, the failure-free
+run's digest and (optionally) the alerts Prometheus saw fire.
+
+Per fault: was it carried out, when was the failure it caused detected, when did every rank
+train again, how many steps were redone, which tier the ranks restored from. Then one check
+per expectation; the verdict passes when every check does. Every figure is read from the
+job's own account (result.json's failures, the `recovered` events), the one the summary,
+the report and the exporter read too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from stalwart.orchestrator.chaos.scenario import Scenario
+
+# Kinds whose effect is not a failure of the rank: what shows that they were noticed.
+_NOTICED_BY = {
+    "slow": ("straggler",),
+    "storage_unavailable": ("persist_failed",),
+    "drop_replicas": (),
+    "kill_supervisor": ("supervisor_adopted",),
+}
+
+
+@dataclass
+class FaultRow:
+    index: int
+    kind: str
+    rank: int
+    at_step: int
+    outcome: str  # "injected", "refused: ...", "not fired"
+    failures: int = 0  # failure records it caused (a lost node: one per rank)
+    detected_after_s: float | None = None
+    recovered_after_s: float | None = None
+    steps_lost: int | None = None
+    restored_step: int | None = None
+    tiers: dict[str, int] = field(default_factory=dict)  # restore tier -> ranks
+    noticed: str | None = None  # for kinds that fail no rank: the event that shows it
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Verdict:
+    scenario: str
+    passed: bool
+    status: str
+    digest: str | None
+    baseline_digest: str | None
+    steps: int
+    wall_seconds: float | None
+    faults: list[FaultRow]
+    checks: list[Check]
+    alerts: dict[str, float] | None  # alert -> seconds after the job started it first fired
+    output: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fault_rows(result: dict[str, Any], events: list[dict[str, Any]], faults: list[dict]) -> list:
+    injected = {e["index"]: e for e in events if e.get("type") == "fault_injected"}
+    refused = {e["index"]: e for e in events if e.get("type") == "fault_refused"}
+    rows = []
+    for i, f in enumerate(faults):
+        if i in injected:
+            outcome = "injected"
+        elif i in refused:
+            outcome = f"refused: {refused[i].get('reason', '')}"
+        else:
+            outcome = "not fired"
+        row = FaultRow(i, f["kind"], f["rank"], f["at_step"], outcome)
+        mine = [x for x in result.get("failures", []) if x.get("fault_index") == i]
+        row.failures = len(mine)
+        if mine:
+            row.detected_after_s = _worst(x.get("detected_after_s") for x in mine)
+            row.recovered_after_s = _worst(x.get("recovered_after_s") for x in mine)
+            row.steps_lost = _worst(x.get("steps_redone") for x in mine)
+            row.restored_step = mine[0].get("restored_step")
+            for x in mine[:1]:
+                row.tiers = dict(x.get("restore_tiers") or {})
+        elif outcome == "injected":
+            row.noticed = _noticed(f, injected[i], events)
+        rows.append(row)
+    return rows
+
+
+def _worst(values) -> Any:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _noticed(fault: dict[str, Any], fired: dict[str, Any], events: list[dict]) -> str | None:
+    after = fired.get("at") or fired.get("ts") or 0.0
+    for e in events:
+        if e.get("type") not in _NOTICED_BY.get(fault["kind"], ()) or e.get("ts", 0) < after:
+            continue
+        if e["type"] == "straggler" and fault["rank"] not in (e.get("ranks") or [e.get("rank")]):
+            continue
+        return f"{e['type']} after {e['ts'] - after:.1f} s"
+    return None
+
+
+def judge(
+    sc: Scenario,
+    faults: list[dict[str, Any]],
+    result: dict[str, Any],
+    events: list[dict[str, Any]],
+    baseline_digest: str | None,
+    alerts: dict[str, float] | None = None,
+) -> Verdict:
+    """The verdict of one chaos run of `sc` (its resolved `faults`)."""
+    ex = sc.expect
+    rows = fault_rows(result, events, faults)
+    checks: list[Check] = []
+    status = result.get("status", "?")
+    if ex.finishes:
+        err = (result.get("error") or {}).get("message")
+        checks.append(
+            Check(
+                "finishes",
+                status == "succeeded",
+                f"status {status}" + (f": {err}" if err and status != "succeeded" else ""),
+            )
+        )
+    digest = result.get("model_digest")
+    if ex.digest_equals_baseline:
+        same = digest is not None and digest == baseline_digest
+        checks.append(
+            Check(
+                "identical model",
+                same,
+                f"digest {_short(digest)} {'==' if same else '!='} baseline "
+                f"{_short(baseline_digest)}",
+            )
+        )
+    for row in rows:
+        label = f"fault {row.index} ({row.kind})"
+        checks.append(Check(f"{label}: injected", row.outcome == "injected", row.outcome))
+        if row.outcome != "injected":
+            continue
+        if row.failures == 0 and row.kind in _NOTICED_BY and _NOTICED_BY[row.kind]:
+            checks.append(
+                Check(
+                    f"{label}: noticed",
+                    row.noticed is not None,
+                    row.noticed or f"no {' or '.join(_NOTICED_BY[row.kind])} event followed",
+                )
+            )
+        if row.failures and ex.max_steps_lost_per_failure is not None:
+            lost = row.steps_lost
+            checks.append(
+                Check(
+                    f"{label}: steps lost",
+                    lost is not None and lost <= ex.max_steps_lost_per_failure,
+                    f"{lost} (at most {ex.max_steps_lost_per_failure})",
+                )
+            )
+        limit = ex.max_recovery_seconds.get(row.kind, ex.max_recovery_seconds.get("default"))
+        if row.failures and limit is not None:
+            took = row.recovered_after_s
+            checks.append(
+                Check(
+                    f"{label}: recovery time",
+                    took is not None and took <= limit,
+                    f"{_s(took)} (at most {limit:g} s)",
+                )
+            )
+    scratch = [
+        x
+        for x in result.get("failures", [])
+        if x.get("restored_step") is None and (x.get("steps_redone") or 0) > 0
+    ]
+    if not ex.from_scratch_ok:
+        checks.append(
+            Check(
+                "no restart from step 0",
+                not scratch,
+                "every recovery restored a committed step"
+                if not scratch
+                else f"{len(scratch)} failure(s) sent the job back to step 0 (no step had "
+                f"copies to restore): redone {sum(x['steps_redone'] for x in scratch)} steps",
+            )
+        )
+    if ex.alerts:
+        if alerts is None:
+            checks.append(
+                Check("alerts", False, "expected alerts, but no --prometheus URL was given")
+            )
+        for name in ex.alerts:
+            if alerts is not None:
+                fired = name in alerts
+                checks.append(
+                    Check(
+                        f"alert {name}",
+                        fired,
+                        f"fired {alerts[name]:.0f} s after the start" if fired else "never fired",
+                    )
+                )
+    return Verdict(
+        scenario=sc.name,
+        passed=all(c.ok for c in checks),
+        status=status,
+        digest=digest,
+        baseline_digest=baseline_digest,
+        steps=result.get("steps_completed") or 0,
+        wall_seconds=result.get("wall_seconds"),
+        faults=rows,
+        checks=checks,
+        alerts=alerts,
+        output=result.get("output"),
+    )
+
+
+def _short(d: str | None) -> str:
+    return d[:12] if d else "none"
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f} s"

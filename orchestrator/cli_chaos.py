@@ -1,0 +1,149 @@
+"""`stalwart chaos run SCENARIO...`: run chaos scenarios (orchestrator/chaos/runner.py) and
+print their verdicts; exit 0 when every one passes, 1 when one fails, 2 on bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from stalwart.orchestrator.cli_conventions import (
+    EXIT_CANCELLED,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    format_option,
+)
+
+
+@click.group()
+def chaos() -> None:
+    """Inject failures and judge how the job survived them."""
+
+
+@chaos.command("run")
+@click.argument("scenarios", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option(
+    "--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a scenario field"
+)
+@click.option(
+    "--address",
+    envvar="RAY_ADDRESS",
+    default=None,
+    help="Ray cluster (default: RAY_ADDRESS, else the cluster the scenario describes, "
+    "started and stopped by this command)",
+)
+@click.option(
+    "--allow-remote",
+    is_flag=True,
+    help="allow faults on a cluster this command did not start (the job spec must also "
+    "say chaos.enabled: true)",
+)
+@click.option(
+    "--output",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="where the runs, verdict.json and junit.xml go (default runs/chaos-TIME)",
+)
+@click.option(
+    "--junit",
+    "junit_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="also write every scenario's checks to this JUnit XML file",
+)
+@click.option("--no-cache", is_flag=True, help="run the failure-free baseline even if cached")
+@click.option(
+    "--prometheus",
+    "prometheus_url",
+    default=None,
+    help="Prometheus URL: check the scenario's expected alerts fire",
+)
+@format_option("json: print the verdicts as JSON")
+def run(
+    scenarios: tuple[str, ...],
+    overrides: tuple[str, ...],
+    address: str | None,
+    allow_remote: bool,
+    output: str | None,
+    junit_path: str | None,
+    no_cache: bool,
+    prometheus_url: str | None,
+    fmt: str,
+) -> None:
+    """Run each SCENARIO: its failure-free baseline, its chaos run, and a verdict (PASS or
+    FAIL, with what each fault cost)."""
+    from stalwart.orchestrator.chaos.render import junit, table
+    from stalwart.orchestrator.chaos.runner import BaselineFailed, ChaosOptions, run_scenario
+    from stalwart.orchestrator.chaos.scenario import job_specs, load_scenario
+    from stalwart.orchestrator.compat import UnsupportedDependency
+    from stalwart.orchestrator.driver import (
+        ChaosRefused,
+        ClusterUnreachable,
+        JobAlreadyRunning,
+        SupervisorLost,
+    )
+    from stalwart.orchestrator.spec import SpecError
+
+    err = Console(stderr=True)
+    console = Console(stderr=fmt == "json")
+    loaded = []
+    for path in scenarios:
+        try:
+            sc = load_scenario(path, list(overrides))
+            job_specs(sc)  # every scenario's job and faults check out before any runs
+        except SpecError as e:
+            err.print(f"[red]error:[/red] invalid chaos scenario {e.source}", highlight=False)
+            for line in e.errors:
+                err.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+            sys.exit(EXIT_USAGE)
+        loaded.append(sc)
+    root = Path(output) if output else Path("runs") / f"chaos-{time.strftime('%Y%m%d-%H%M%S')}"
+    verdicts = []
+    for sc in loaded:
+        opts = ChaosOptions(
+            output=root / sc.name if len(loaded) > 1 else root,
+            address=address,
+            allow_remote=allow_remote,
+            base_dir=str(sc.source.parent),
+            use_cache=not no_cache,
+            prometheus_url=prometheus_url,
+        )
+        try:
+            with contextlib.redirect_stdout(sys.stderr) if fmt == "json" else _nothing():
+                v = run_scenario(
+                    sc,
+                    opts,
+                    say=lambda m, n=sc.name: console.print(
+                        f"stalwart chaos {n}: {m}", highlight=False, markup=False
+                    ),
+                )
+        except KeyboardInterrupt:
+            err.print("cancelled")
+            sys.exit(EXIT_CANCELLED)
+        except (ChaosRefused, ClusterUnreachable, JobAlreadyRunning, UnsupportedDependency) as e:
+            err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+            sys.exit(EXIT_USAGE)
+        except (BaselineFailed, SupervisorLost) as e:
+            err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+            sys.exit(EXIT_FAILED)
+        verdicts.append(v)
+        if fmt == "text":
+            console.print(table(v))
+    if junit_path:
+        Path(junit_path).write_text(junit(verdicts))
+    if fmt == "json":
+        click.echo(json.dumps([v.to_dict() for v in verdicts], indent=2))
+    elif len(verdicts) > 1:
+        passed = sum(v.passed for v in verdicts)
+        console.print(f"{passed}/{len(verdicts)} scenarios passed", highlight=False)
+    sys.exit(0 if all(v.passed for v in verdicts) else EXIT_FAILED)
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield
