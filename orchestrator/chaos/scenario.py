@@ -138,8 +138,8 @@ def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
 
 def job_specs(sc: Scenario) -> tuple[JobSpec, JobSpec]:
     """(baseline, chaos): the scenario's job without faults and with them, each under a
-    name of its own (NAME-baseline, NAME-chaos) (their durable checkpoints, if any, never mix). SpecError names the
-    spec file, or the scenario's fault, that is wrong."""
+    name of its own, NAME-baseline and NAME-chaos (their durable checkpoints, if any, never
+    mix). SpecError names the spec file, or the scenario's fault, that is wrong."""
     path = _spec_path(sc)
     try:
         data = yaml.safe_load(path.read_text())
