@@ -17,6 +17,7 @@ from stalwart.orchestrator.cli_conventions import (
     EXIT_FAILED,
     EXIT_USAGE,
     format_option,
+    job_supervisor,
     load_job,
 )
 from stalwart.orchestrator.compat import UnsupportedDependency
@@ -223,20 +224,6 @@ def quickstart(
         )
 
 
-def _supervisor(address: str, job: str, err: Console):
-    """Running job `job`'s supervisor on the cluster at `address` (Ray stays connected:
-    the caller shuts it down), or exit 2 with the reason."""
-    from rich.markup import escape
-
-    from stalwart.orchestrator.driver import ClusterUnreachable, find_supervisor
-
-    try:
-        return find_supervisor(address, job)
-    except (ClusterUnreachable, LookupError, UnsupportedDependency) as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
-        sys.exit(EXIT_USAGE)
-
-
 @main.command()
 @click.argument("job")
 @click.option(
@@ -287,7 +274,7 @@ def status(job: str, address: str, fmt: str, watch: bool) -> None:
             print_summary(console, result)
         return
 
-    supervisor = _supervisor(address, job, err)
+    supervisor = job_supervisor(address, job, err)
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -364,7 +351,7 @@ def report(run_dir: str, output: str | None, fmt: str) -> None:
 def uncordon(node: str, job: str, address: str) -> None:
     """Let NODE (a Ray node id, or a unique prefix) take ranks of JOB again."""
     err = Console(stderr=True)
-    supervisor = _supervisor(address, job, err)
+    supervisor = job_supervisor(address, job, err)
     import ray
 
     try:

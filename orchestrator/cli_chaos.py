@@ -17,6 +17,7 @@ from stalwart.orchestrator.cli_conventions import (
     EXIT_FAILED,
     EXIT_USAGE,
     format_option,
+    job_supervisor,
 )
 
 
@@ -142,6 +143,86 @@ def run(
         passed = sum(v.passed for v in verdicts)
         console.print(f"{passed}/{len(verdicts)} scenarios passed", highlight=False)
     sys.exit(0 if all(v.passed for v in verdicts) else EXIT_FAILED)
+
+
+@chaos.command("inject")
+@click.argument("job")
+@click.option("--kind", required=True, help="the fault: kill_worker, kill_node, hang, slow, ...")
+@click.option("--rank", type=int, default=None, help="the rank it hits (default 0)")
+@click.option("--node", default=None, help="the node it hits (an id or a unique prefix)")
+@click.option(
+    "--set",
+    "fields",
+    multiple=True,
+    metavar="FIELD=VALUE",
+    help="the kind's own fields: "
+    "factor=4 (slow), xid=79 (gpu_xid), seconds=30 (storage_unavailable)",
+)
+@click.option(
+    "--address",
+    envvar="RAY_ADDRESS",
+    default="auto",
+    show_default=True,
+    help="the Ray cluster the job runs on",
+)
+@click.option(
+    "--allow-remote",
+    is_flag=True,
+    help="allow it on a cluster the job's command did not start (its spec must also say "
+    "chaos.enabled: true)",
+)
+@format_option("json: print the fault as the job recorded it")
+def inject(
+    job: str,
+    kind: str,
+    rank: int | None,
+    node: str | None,
+    fields: tuple[str, ...],
+    address: str,
+    allow_remote: bool,
+    fmt: str,
+) -> None:
+    """Inject a fault into running job JOB: carried out before its target rank's next
+    step, and recorded in the job's event log with who asked."""
+    import getpass
+    import socket
+
+    import ray
+    import yaml
+
+    err = Console(stderr=True)
+    request: dict = {"kind": kind, "rank": rank, "node": node, "allow_remote": allow_remote}
+    for text in fields:
+        key, sep, raw = text.partition("=")
+        if not sep or not key:
+            err.print(f"[red]error:[/red] --set: expected FIELD=VALUE, got {text!r}")
+            sys.exit(EXIT_USAGE)
+        request[key] = yaml.safe_load(raw)
+    if rank is None:
+        request.pop("rank")
+    request["by"] = f"{getpass.getuser()}@{socket.gethostname()}"
+    supervisor = job_supervisor(address, job, err)
+    try:
+        answer = ray.get(supervisor.inject.remote(request), timeout=30)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+        err.print(
+            f"[red]error:[/red] job {job}'s supervisor did not answer: {str(e).splitlines()[0]}",
+            highlight=False,
+        )
+        sys.exit(EXIT_FAILED)
+    finally:
+        ray.shutdown()
+    if "error" in answer:
+        err.print(f"[red]error:[/red] {answer['error']}", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_USAGE)
+    fault = answer["fault"]
+    if fmt == "json":
+        click.echo(json.dumps(fault, indent=2))
+    else:
+        click.echo(
+            f"injected fault {fault['index']} ({fault['kind']}) into rank {fault['rank']} of "
+            f"job {job}: it fires before step {fault['at_step']}"
+        )
 
 
 @contextlib.contextmanager

@@ -36,3 +36,18 @@ def load_job(file: str, overrides: tuple[str, ...], console: Console) -> JobSpec
         for line in e.errors:
             console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)
+
+
+def job_supervisor(address: str, job: str, err: Console):
+    """Running job `job`'s supervisor on the cluster at `address` (Ray stays connected:
+    the caller shuts it down), or exit 2 with the reason."""
+    from rich.markup import escape
+
+    from stalwart.orchestrator.compat import UnsupportedDependency
+    from stalwart.orchestrator.driver import ClusterUnreachable, find_supervisor
+
+    try:
+        return find_supervisor(address, job)
+    except (ClusterUnreachable, LookupError, UnsupportedDependency) as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_USAGE)

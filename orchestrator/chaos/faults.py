@@ -13,8 +13,27 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from stalwart.health.observations import FailureKind, WorkerFailure
-from stalwart.orchestrator.spec import Fault
+from stalwart.orchestrator.spec import Fault, _format_error
+
+_FAULT = TypeAdapter(Fault)
+LIVE_KINDS = (
+    "kill_worker",
+    "kill_node",
+    "hang",
+    "slow",
+    "gpu_xid",
+    "drop_replicas",
+    "storage_unavailable",
+    "kill_supervisor",
+)
+
+
+class InjectRefused(ValueError):
+    """A `stalwart chaos inject` request that is wrong or not allowed."""
+
 
 NODE_FAULTS = ("kill_node", "gpu_xid")  # faults that hit the node hosting the rank
 
@@ -29,6 +48,7 @@ class FaultBook:
         self._lock = threading.Lock()  # record() is called from the actor's other threads
         self.records: list[dict[str, Any]] = []  # carried out, not yet matched to a failure
         self.fired: set[int] = set()
+        self.live: set[int] = set()  # injected into the running job: fire at or after
 
     def record(self, fault: dict[str, Any]) -> None:
         """A worker is about to carry out `fault` (its index, rank, step, node_id, at)."""
@@ -36,10 +56,78 @@ class FaultBook:
             self.records.append(fault)
             self.fired.add(fault["index"])
 
-    def seen(self, indices: Iterable[int]) -> None:
-        """Faults an agent saw carried out (perhaps under a supervisor that died since)."""
+    def seen(self, indices: Iterable[int], emit: Callable[..., None]) -> None:
+        """Faults an agent saw carried out (perhaps under a supervisor that died since):
+        each this book had not known of gets a `fault_recalled` event."""
         with self._lock:
-            self.fired.update(indices)
+            new = sorted(set(indices) - self.fired)
+            self.fired.update(new)
+        for i in new:
+            if i < len(self.faults):
+                f = self.faults[i]
+                emit(
+                    "fault_recalled",
+                    index=i,
+                    kind=f.kind,
+                    rank=f.rank,
+                    at_step=f.at_step,
+                    reason="carried out under a supervisor that has died since (its node "
+                    "agents remember it)",
+                )
+
+    @staticmethod
+    def refusal(job: str, owned: bool, enabled: bool, request: dict[str, Any]) -> str | None:
+        """Why a live fault may not be injected, or None: on a cluster the job's command
+        did not start, it needs chaos.enabled in the spec and --allow-remote."""
+        remote_ok = request.get("allow_remote")
+        if owned or (enabled and remote_ok):
+            return None
+        missing = [
+            *([] if enabled else ["`chaos.enabled: true` in its spec"]),
+            *([] if remote_ok else ["--allow-remote on the command"]),
+        ]
+        return (
+            f"refusing to inject a fault into job {job}: its cluster was not started by the "
+            f"command that runs it, so that needs {' and '.join(missing)}"
+        )
+
+    def add_live(
+        self,
+        request: dict[str, Any],
+        step: int,
+        total_steps: int,
+        ranks_on: Callable[[str], list[int]],
+        world: int,
+    ) -> dict[str, Any]:
+        """A fault for the running job (`stalwart chaos inject`): `request` has the kind,
+        `rank` or `node` (an id or a unique prefix of one), and the kind's own fields. It
+        fires before the target rank's next step (`step` + 1). Returns it as a generation
+        carries it (`live`: at that step or the first after)."""
+        req = {k: v for k, v in request.items() if k not in ("by", "node", "allow_remote")}
+        node = request.get("node")
+        if node is not None:
+            if req.get("rank") is not None:
+                raise InjectRefused("give --rank or --node, not both")
+            ranks = ranks_on(node)
+            if not ranks:
+                raise InjectRefused(f"no rank of this job runs on a node matching {node!r}")
+            req["rank"] = ranks[0]
+        req.setdefault("rank", 0)
+        if not 0 <= int(req["rank"]) < world:
+            raise InjectRefused(f"rank: must be < workers ({world}), got {req['rank']}")
+        req["at_step"] = min(step + 1, total_steps - 1)
+        try:
+            fault = _FAULT.validate_python(req)
+        except ValidationError as e:
+            raise InjectRefused("; ".join(_format_error(err) for err in e.errors())) from None
+        with self._lock:
+            self.faults.append(fault)
+            index = len(self.faults) - 1
+            self.live.add(index)
+        out = {**fault.model_dump(mode="json"), "index": index, "live": True}
+        if fault.kind == "kill_node":
+            out["scope"] = self.node_scope
+        return out
 
     def slow_at_start(self) -> dict[int, float]:
         """rank -> slow-down factor of the unfired `slow` faults at step 0 (preflight
@@ -69,6 +157,8 @@ class FaultBook:
             if i in self.fired:
                 continue
             fault = {**f.model_dump(mode="json"), "index": i}
+            if i in self.live:
+                fault["live"] = True
             if f.kind == "kill_node":
                 fault["scope"] = self.node_scope
             if f.kind == "kill_node" and node_of(f.rank) == home_node:

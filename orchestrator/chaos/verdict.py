@@ -67,7 +67,11 @@ class Verdict:
 
 
 def fault_rows(result: dict[str, Any], events: list[dict[str, Any]], faults: list[dict]) -> list:
-    injected = {e["index"]: e for e in events if e.get("type") == "fault_injected"}
+    # Recalled: carried out under a supervisor that died (kill_supervisor) before its
+    # events were fetched; its successor learns of it from the node agents.
+    injected = {
+        e["index"]: e for e in events if e.get("type") in ("fault_injected", "fault_recalled")
+    }
     refused = {e["index"]: e for e in events if e.get("type") == "fault_refused"}
     rows = []
     for i, f in enumerate(faults):
@@ -99,7 +103,8 @@ def _worst(values) -> Any:
 
 
 def _noticed(fault: dict[str, Any], fired: dict[str, Any], events: list[dict]) -> str | None:
-    after = fired.get("at") or fired.get("ts") or 0.0
+    after = fired.get("at") or (fired.get("ts") if fired["type"] == "fault_injected" else 0.0)
+    after = after or 0.0
     for e in events:
         if e.get("type") not in _NOTICED_BY.get(fault["kind"], ()) or e.get("ts", 0) < after:
             continue

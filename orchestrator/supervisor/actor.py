@@ -24,7 +24,7 @@ import ray
 from stalwart.ckpt.durable import Manifest
 from stalwart.health.observations import FailureKind, WorkerFailure
 from stalwart.health.policy import Action, Decision, decide
-from stalwart.orchestrator.chaos.faults import FaultBook
+from stalwart.orchestrator.chaos.faults import FaultBook, InjectRefused
 from stalwart.orchestrator.events import EventLog
 from stalwart.orchestrator.observe.metrics import JobMetrics
 from stalwart.orchestrator.spec import JobSpec
@@ -81,6 +81,7 @@ class JobSupervisor:
         self._commit_seen = threading.Condition()  # notified after each round of reports
         self.pending: list[WorkerFailure] = []  # failures awaiting a decision
         spec_, emit = self.spec, self.events.emit
+        self.owned_cluster = owned_cluster
         self.faults = FaultBook(spec_.chaos.faults, "raylet" if owned_cluster else "job")
         self.pool = WorkerPool(spec_, self.store_key, base_dir, emit)
         self.gen = Generation(spec_, self.pool, emit)
@@ -171,6 +172,28 @@ class JobSupervisor:
         """A worker is about to carry out a chaos fault (called before it does)."""
         self.faults.record(fault)
         self.events.emit("fault_injected", **fault)
+
+    def inject(self, request: dict[str, Any]) -> dict[str, Any]:
+        """`stalwart chaos inject`: a fault into the running job, fired before its target
+        rank's next step. Returns {"fault": ...} or {"error": why}; recorded in the event
+        log with who asked (`by`), what and when."""
+        refused = self.faults.refusal(
+            self.spec.name, self.owned_cluster, self.spec.chaos.enabled, request
+        )
+        if refused:
+            return {"error": refused}
+        if self.sm.state is not JobState.RUNNING:
+            return {"error": f"job {self.spec.name} is {self.sm.state.value}, not RUNNING"}
+        try:
+            with self._lock:
+                fault = self.faults.add_live(
+                    request, self._step(), self.spec.steps, self.pool.ranks_on, self.pool.world
+                )
+        except InjectRefused as e:
+            return {"error": str(e)}
+        self.events.emit("fault_requested", **fault, by=request.get("by"))
+        self.pool.workers[fault["rank"]].add_fault.remote(fault)
+        return {"fault": fault}
 
     def await_commit(self, at_step: int, timeout_s: float = COMMIT_WAIT_S) -> int | None:
         """Chaos after_commit: return once the newest snapshot at or before `at_step` is
@@ -316,7 +339,7 @@ class JobSupervisor:
         reports, failures = self.detect.poll(n, wait_s)
         self.pending += failures
         # Faults carried out (an agent outlives a dead supervisor that saw them).
-        self.faults.seen(i for rep in reports for i in rep.get("fired", ()))
+        self.faults.seen((i for rep in reports for i in rep.get("fired", ())), self.events.emit)
         self.ckpt.absorb(reports, self._step())
         for rep in reports:
             if rep.get("output"):
@@ -391,7 +414,10 @@ class JobSupervisor:
         self.pending = [p for p in self.pending if p.kind is not FailureKind.COMM_ERROR]
         self.pending += work.requeue
         if error is not None:
-            self.ledger.fail(error)
+            self.ledger.fail(error, _root_cause(work.failures))
+            self.ledger.record_failures(
+                work.failures, None, work.decided_at, self._reached(), fatal=True
+            )
             self._set(JobState.FAILED, error)
             return
         self._poll(wait_s=2.0)

@@ -61,6 +61,9 @@ class WorkerPool:
         # Started and ready: (actor, slot or None, node). Starting: ready() ref -> (actor,
         # slot or None).
         self.spares: list[tuple[Any, int | None, str]] = []
+        # Spares to start again once a recovery's replacements have their places (a
+        # refill must never take the room a lost rank needs): their bundles, or None.
+        self.refills: list[int | None] = []
         self.spares_starting: dict[Any, tuple[Any, int | None]] = {}
         self.agents: dict[str, Any] = {}
         self.slots = Slots(f"stalwart-{spec.name}")
@@ -73,6 +76,14 @@ class WorkerPool:
 
     def node_of(self, rank: int) -> str:
         return self.worker_info[rank]["node_id"]
+
+    def ranks_on(self, node: str) -> list[int]:
+        """The ranks on the node whose id is `node` or starts with it (when just one does)."""
+        nodes = {i["node_id"] for r, i in self.worker_info.items() if r in self.workers}
+        match = [n for n in nodes if n == node] or [n for n in nodes if n.startswith(node)]
+        if len(match) != 1:
+            return []
+        return sorted(r for r in self.workers if self.worker_info[r]["node_id"] == match[0])
 
     def bad_nodes(self) -> set[str]:
         """Nodes that get no new ranks: lost or cordoned."""
@@ -305,10 +316,17 @@ class WorkerPool:
             except (*ActorGone, GetTimeoutError) as e:
                 self._emit("spare_failed", bundle=bundle_index, message=actor_error_text(e))
                 ray.kill(actor, no_restart=True)
-                self.start_spare(self.usable_bundle(bundle_index))
+                self.refills.append(bundle_index)
                 continue
             return actor, bundle_index
         return None
+
+    def refill_spares(self) -> None:
+        """Start the spares a recovery used (in their freed bundles where those are on
+        healthy nodes), now that every replaced rank has its place."""
+        refills, self.refills = self.refills, []
+        for bundle_index in refills:
+            self.start_spare(self.usable_bundle(bundle_index))
 
     def spare_nodes(self) -> frozenset[str]:
         """Healthy nodes with a ready spare."""
@@ -326,7 +344,8 @@ class WorkerPool:
 
     def replace(self, ranks: set[int]) -> tuple[dict[int, int | None], dict[int, str]]:
         """Stop `ranks`' workers and start their successors: a warm spare on a healthy node
-        if one is ready (its place refilled in the background), else a new worker in the
+        if one is ready (its place refilled by refill_spares(), once every replacement
+        has its place), else a new worker in the
         lost rank's slot if its node is healthy, else on any healthy node. Returns the
         spares used (rank -> their slot) and how each rank was placed."""
         self.check_spares()
@@ -340,7 +359,7 @@ class WorkerPool:
             if spare is not None:
                 self.workers[rank], self.bundle_of[rank] = spare
                 used_spares[rank] = spare[1]
-                self.start_spare(self.usable_bundle(freed))
+                self.refills.append(freed)
             else:
                 self.bundle_of[rank] = self.usable_bundle(freed)
                 self.workers[rank] = self.create_worker(rank, self.bundle_of[rank])

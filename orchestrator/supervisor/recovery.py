@@ -136,6 +136,7 @@ class Recovery:
             error = self._await_replacements(replace, placed, work)
             if error is not None:
                 return error
+        self.pool.refill_spares()
         work.phases = {"abort": t_aborted - t0, "replace": time.time() - t_aborted}
         if work.grow:
             self.elastic.grow(work.grow)

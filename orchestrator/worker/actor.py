@@ -264,6 +264,13 @@ class TrainWorker:
     def status(self) -> dict[str, Any]:
         return self._beat()
 
+    def add_fault(self, fault: dict[str, Any]) -> bool:
+        """`stalwart chaos inject`: carry `fault` out before this rank's next step."""
+        if self.ctx is None:
+            return False
+        self.ctx.add_fault(fault)
+        return True
+
     def shutdown(self) -> None:
         self._stop.set()
 

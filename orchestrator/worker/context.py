@@ -176,6 +176,12 @@ class TrainContext:
         self._output_dir = output_dir
         self._checked_exactness = False
 
+    def add_fault(self, fault: dict[str, Any]) -> None:
+        """A fault injected into the running job (from another thread): carried out before
+        the next step."""
+        if fault["rank"] == self.rank:
+            self._faults = [*self._faults, fault]
+
     # --- called by the worker between generations -------------------------------------------
 
     def begin_generation(
@@ -385,8 +391,11 @@ class TrainContext:
     def _before_step(self, step: int) -> None:
         if self._interrupt is not None:
             raise RecoveryInterrupt(self._interrupt)
-        for fault in self._faults:
-            if fault["at_step"] == step:
+        for fault in list(self._faults):
+            # A live fault (`stalwart chaos inject`) fires at its step or the first after.
+            if fault["at_step"] == step or (fault.get("live") and step >= fault["at_step"]):
+                if fault.get("live"):
+                    self._faults.remove(fault)
                 # The worker carries it out; kill_worker, kill_node and hang never return.
                 self._on_fault({**fault, "at": time.time(), "step": step})
 
