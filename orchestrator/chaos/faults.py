@@ -147,14 +147,23 @@ class FaultBook:
                     self.fired.add(i)
 
     def for_generation(
-        self, node_of: Callable[[int], str], home_node: str, emit: Callable[..., None]
+        self,
+        node_of: Callable[[int], str],
+        home_node: str,
+        emit: Callable[..., None],
+        recovery: bool = False,
+        reached: int = 0,
     ) -> list[dict[str, Any]]:
-        """The faults a new generation's workers carry: those not fired yet. A kill_node of
-        the node hosting the supervisor is refused (it would kill the supervisor and, on a
-        cluster's head node, the cluster), with the reason in the event log."""
+        """The faults a new generation's workers carry: those not fired yet; one that fires
+        `during` a phase of a recovery only when this generation is one (`recovery`) and
+        the job had `reached` its at_step. A kill_node of the node hosting the supervisor
+        is refused (it would kill the supervisor and, on a cluster's head node, the
+        cluster), with the reason in the event log."""
         out = []
         for i, f in enumerate(self.faults):
             if i in self.fired:
+                continue
+            if f.during is not None and not (recovery and reached >= f.at_step):
                 continue
             fault = {**f.model_dump(mode="json"), "index": i}
             if i in self.live:

@@ -26,7 +26,7 @@ from typing import Any
 from stalwart.orchestrator.chaos.render import junit
 from stalwart.orchestrator.chaos.scenario import Scenario, job_specs
 from stalwart.orchestrator.chaos.verdict import Verdict, judge
-from stalwart.orchestrator.driver import ChaosRefused, RunOptions, run_job
+from stalwart.orchestrator.driver import RunOptions, check_chaos_allowed, run_job
 from stalwart.orchestrator.spec import JobSpec
 
 PACKAGE = Path(__file__).resolve().parents[2]  # the installed `stalwart` package
@@ -219,12 +219,11 @@ def run_scenario(
     clean, faulty = job_specs(sc)
     opts.output.mkdir(parents=True, exist_ok=True)
     with scenario_cluster(sc, opts) as (address, owned):
-        if address is not None and not owned and not opts.allow_remote:
-            raise ChaosRefused(
-                f"refusing to run chaos scenario {sc.name} on {address}, a cluster this "
-                "command did not start: that needs --allow-remote on the command and "
-                "`chaos.enabled: true` in the job spec"
-            )
+        # Refused before the baseline runs, not after it.
+        check_chaos_allowed(
+            faulty,
+            RunOptions(address=address, owns_cluster=owned, allow_remote_chaos=opts.allow_remote),
+        )
         digest = baseline_digest(clean, address, owned, opts, say)
         say(f"chaos run: {faulty.name}, {len(faulty.chaos.faults)} fault(s)")
         watch = (

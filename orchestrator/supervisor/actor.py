@@ -427,7 +427,13 @@ class JobSupervisor:
 
     def _launch(self, restore_step: int | None, durable: Manifest | None) -> None:
         """Start the next generation, restoring `restore_step` (from storage: `durable`)."""
-        faults = self.faults.for_generation(self.pool.node_of, self.home_node, self.events.emit)
+        faults = self.faults.for_generation(
+            self.pool.node_of,
+            self.home_node,
+            self.events.emit,
+            recovery=self.gen.number >= 1,
+            reached=self._reached(),
+        )
         self.detect.start_generation(time.time())
         self.ledger.new_generation()
         self.gen.start(restore_step, self.ckpt.sources(restore_step, durable), faults)

@@ -20,6 +20,7 @@ from stalwart.orchestrator.observe.metrics import JobMetrics
 from stalwart.orchestrator.state import JobState
 from stalwart.orchestrator.supervisor.monitor import HealthMonitor
 
+PROCESS_FAULTS = ("kill_worker", "hang")  # chaos faults that hit one process, not its node
 THROUGHPUT_EVENT_S = 1.0  # how often a throughput event is written
 RANK_TIMES_MAX = 64  # ranks whose step times a throughput event carries, at most
 
@@ -43,12 +44,18 @@ class Ledger:
     # --- failures and recoveries ------------------------------------------------------------
 
     def note_incidents(self, failures: list[WorkerFailure], lost: set[str], now: float) -> None:
-        """Nodes the failures blame (the policy's flapping rule counts them)."""
-        self.incidents.extend(
-            (n, now)
-            for n in {f.node for f in failures if f.node and f.failure_class in NODE_CLASSES}
-            if n not in lost
-        )
+        """Nodes the failures blame (the policy's flapping rule counts them). A process a
+        chaos fault killed or hung says nothing about its node."""
+        blamed = {
+            f.node
+            for f in failures
+            if f.node and f.failure_class in NODE_CLASSES and not self._process_fault(f)
+        }
+        self.incidents.extend((n, now) for n in blamed if n not in lost)
+
+    def _process_fault(self, f: WorkerFailure) -> bool:
+        fault = self.faults.explaining(f)
+        return fault is not None and fault["kind"] in PROCESS_FAULTS
 
     def fail(self, message: str, root: WorkerFailure | None = None) -> None:
         """The job failed: why, and the failure a user can act on (if there is one)."""
@@ -118,8 +125,15 @@ class Ledger:
 
     def open(self, generation: int, failures: list[dict[str, Any]], **details: Any) -> None:
         """A recovery into `generation` began; it closes at that generation's first step.
-        `details`: phases (so far), decided_at, restore_step, replaced, from_spares."""
-        self.open_recovery = {"generation": generation, "failures": failures, **details}
+        `details`: phases (so far), decided_at, restore_step, replaced, from_spares. The
+        failures of a recovery a new failure interrupted (its generation never stepped on
+        every rank) are recovered when this one is."""
+        prior = self.open_recovery["failures"] if self.open_recovery else []
+        self.open_recovery = {
+            "generation": generation,
+            "failures": [*prior, *failures],
+            **details,
+        }
 
     def close_recovery(
         self,

@@ -90,6 +90,25 @@ class WorkerPool:
         return self.lost_nodes | set(self.cordons.active(time.time()))
 
     def cordon(self, node: str, reason: str, now: float) -> None:
+        """Give `node` no new ranks of this job, unless the nodes left could not hold the
+        job's world then (a cordon of the last node(s) with room would only end the job:
+        it is skipped, saying so)."""
+        bundle = worker_bundle(self.spec)
+        bad = self.bad_nodes() | {node}
+        left = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in bad]
+        short = [
+            key
+            for key, per_worker in bundle.items()
+            if sum(n["Resources"].get(key, 0.0) for n in left) < per_worker * self.world
+        ]
+        if short:
+            self._emit(
+                "cordon_skipped",
+                node=node,
+                reason=f"{reason}; not cordoned: the other healthy nodes lack the "
+                f"{', '.join(short)} for {self.world} workers",
+            )
+            return
         c = self.cordons.cordon(node, reason, now)
         self.cordon_log.append({"node": node, "at": now, "until": c.until, "reason": reason})
         self._emit("cordoned", node=node, until=c.until, reason=reason)

@@ -189,6 +189,7 @@ class TrainWorker:
         )
         in_user_code = False
         try:
+            ctx.phase_faults("rendezvous")
             if self.distributed:
                 store = dist.TCPStore(
                     rendezvous["host"],

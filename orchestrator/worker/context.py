@@ -176,6 +176,14 @@ class TrainContext:
         self._output_dir = output_dir
         self._checked_exactness = False
 
+    def phase_faults(self, phase: str) -> None:
+        """Carry out this generation's faults that fire `during` `phase` of a recovery
+        ("rendezvous", "restore"); the generation only carries them when it is one."""
+        for fault in [f for f in self._faults if f.get("during") == phase]:
+            self._faults.remove(fault)
+            step = self._restore_step or 0
+            self._on_fault({**fault, "at": time.time(), "step": step})
+
     def add_fault(self, fault: dict[str, Any]) -> None:
         """A fault injected into the running job (from another thread): carried out before
         the next step."""
@@ -361,6 +369,7 @@ class TrainContext:
             self.progress.restored_step = None
             return 0
         self.progress.setup_done_at = time.time()
+        self.phase_faults("restore")
         snap = self._fetch(self._restore_step)
         self.progress.fetched_at = time.time()
         if snap is None:
@@ -392,6 +401,8 @@ class TrainContext:
         if self._interrupt is not None:
             raise RecoveryInterrupt(self._interrupt)
         for fault in list(self._faults):
+            if fault.get("during"):
+                continue  # fires in its phase of a recovery (phase_faults)
             # A live fault (`stalwart chaos inject`) fires at its step or the first after.
             if fault["at_step"] == step or (fault.get("live") and step >= fault["at_step"]):
                 if fault.get("live"):

@@ -1,0 +1,138 @@
+"""orchestrator/chaos/faults.py's FaultBook: faults during recoveries, live injections, the
+opt-ins a live fault needs, faults recalled from the agents; and the ledger's account of
+failures that interrupt a recovery (orchestrator/supervisor/ledger.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stalwart.health.observations import FailureKind, WorkerFailure
+from stalwart.orchestrator.chaos.faults import FaultBook, InjectRefused
+from stalwart.orchestrator.observe.metrics import JobMetrics
+from stalwart.orchestrator.spec import validate
+from stalwart.orchestrator.supervisor.ledger import Ledger
+
+
+def _book(*faults, scope="job") -> FaultBook:
+    spec = validate(
+        {
+            "name": "j",
+            "entrypoint": "m:f",
+            "workers": 4,
+            "steps": 100,
+            "chaos": {"faults": list(faults)},
+        }
+    )
+    return FaultBook(spec.chaos.faults, scope)
+
+
+def _gen(book, recovery=False, reached=0, events=None):
+    emit = (lambda etype, **kw: events.append((etype, kw))) if events is not None else print
+    return book.for_generation(lambda r: "n1", "head", emit, recovery=recovery, reached=reached)
+
+
+def test_a_fault_during_a_recovery_rides_only_a_recovery_after_its_step():
+    book = _book(
+        {"kind": "kill_worker", "rank": 1, "at_step": 30},
+        {"kind": "kill_worker", "rank": 2, "at_step": 30, "during": "restore"},
+    )
+    assert [f["index"] for f in _gen(book)] == [0]  # the first generation
+    assert [f["index"] for f in _gen(book, recovery=True, reached=29)] == [0]
+    both = _gen(book, recovery=True, reached=30)
+    assert [(f["index"], f["during"]) for f in both] == [(0, None), (1, "restore")]
+
+
+def test_kill_node_carries_its_scope():
+    for scope in ("job", "raylet"):
+        (f,) = _gen(_book({"kind": "kill_node", "rank": 1, "at_step": 5}, scope=scope))
+        assert f["scope"] == scope
+
+
+def test_live_faults_fire_at_the_next_step_and_name_their_target():
+    book = _book()
+    ranks_on = {"abc123": [2, 3]}.get
+    f = book.add_live({"kind": "kill_worker", "rank": 1, "by": "u@h"}, 41, 100, ranks_on, 4)
+    assert (f["index"], f["rank"], f["at_step"], f["live"]) == (0, 1, 42, True)
+    f = book.add_live({"kind": "slow", "node": "abc123", "factor": 4}, 99, 100, ranks_on, 4)
+    assert (f["rank"], f["at_step"], f["factor"]) == (2, 99, 4.0)  # never past the end
+    # Unfired live faults ride the next generation as live ones (fire at or after).
+    assert [g.get("live") for g in _gen(book)] == [True, True]
+    with pytest.raises(InjectRefused, match="no rank of this job runs on a node"):
+        book.add_live({"kind": "kill_node", "node": "zzz"}, 1, 100, ranks_on, 4)
+    with pytest.raises(InjectRefused, match="rank: must be < workers"):
+        book.add_live({"kind": "kill_worker", "rank": 7}, 1, 100, ranks_on, 4)
+    with pytest.raises(InjectRefused, match="not both"):
+        book.add_live({"kind": "kill_node", "rank": 1, "node": "abc"}, 1, 100, ranks_on, 4)
+    with pytest.raises(InjectRefused, match="xid"):
+        book.add_live({"kind": "gpu_xid", "rank": 1}, 1, 100, ranks_on, 4)
+    with pytest.raises(InjectRefused):
+        book.add_live({"kind": "explode", "rank": 1}, 1, 100, ranks_on, 4)
+
+
+def test_live_faults_need_both_opt_ins_on_a_cluster_not_started_by_the_job():
+    assert FaultBook.refusal("j", True, False, {}) is None
+    assert FaultBook.refusal("j", False, True, {"allow_remote": True}) is None
+    both = FaultBook.refusal("j", False, False, {})
+    assert "chaos.enabled: true" in both and "--allow-remote" in both
+    assert "--allow-remote" not in FaultBook.refusal("j", False, False, {"allow_remote": True})
+    assert "chaos.enabled" not in FaultBook.refusal("j", False, True, {})
+
+
+def test_faults_an_agent_saw_are_recalled_once():
+    book = _book(
+        {"kind": "kill_supervisor", "rank": 0, "at_step": 10},
+        {"kind": "kill_worker", "rank": 1, "at_step": 20},
+    )
+    book.record({"index": 1, "rank": 1, "kind": "kill_worker", "step": 20, "at": 1.0})
+    events: list = []
+    book.seen([0, 1], lambda etype, **kw: events.append((etype, kw)))
+    book.seen([0], lambda etype, **kw: events.append((etype, kw)))
+    assert [(k, kw["index"], kw["kind"]) for k, kw in events] == [
+        ("fault_recalled", 0, "kill_supervisor")
+    ]
+    assert _gen(book) == []
+
+
+def _failure(rank, at, step=None, kind=FailureKind.WORKER_DIED):
+    return WorkerFailure(kind, rank, "n1", at, step=step)
+
+
+def test_a_recovery_interrupted_by_another_failure_closes_with_the_next(monkeypatch):
+    book = _book(
+        {"kind": "kill_worker", "rank": 1, "at_step": 30},
+        {"kind": "kill_worker", "rank": 2, "at_step": 30, "during": "restore"},
+    )
+    events: list = []
+    ledger = Ledger(JobMetrics("j"), book, lambda etype, **kw: events.append((etype, kw)))
+    book.record({"index": 0, "rank": 1, "kind": "kill_worker", "step": 30, "at": 100.0})
+    first = ledger.record_failures([_failure(1, 100.1, 29)], 30, 100.2, reached=31)
+    ledger.open(
+        2, first, phases={}, decided_at=100.2, restore_step=30, replaced=[1], from_spares=[1]
+    )
+    book.record({"index": 1, "rank": 2, "kind": "kill_worker", "step": 30, "at": 101.0})
+    # The second failure is seen before the first recovery's decision time (it joined it).
+    second = ledger.record_failures([_failure(2, 101.1)], 30, 101.0, reached=0)
+    ledger.open(
+        3, second, phases={}, decided_at=101.0, restore_step=30, replaced=[2], from_spares=[]
+    )
+    beats = [{"timings": {"started": 102.0, "first_step_done": 103.0 + r * 0.1}} for r in range(4)]
+    ledger.close_recovery(3, beats, 4, {"memory": 4}, {})
+    f0, f1 = ledger.failures
+    assert (f0["fault_index"], f1["fault_index"]) == (0, 1)
+    assert f0["recovered_after_s"] == pytest.approx(3.3)
+    assert f1["recovered_after_s"] == pytest.approx(2.3)
+    assert f0["restore_tiers"] == f1["restore_tiers"] == {"memory": 4}
+    assert f1["decided_after_s"] == 0.0  # never negative
+    # Every rank replaced: no live rank remembers step 31, the failure's own step counts.
+    assert f0["steps_redone"] == 1 and f1["steps_redone"] == 0
+    [(_kind, rec)] = [e for e in events if e[0] == "recovered"]
+    assert rec["recovered_after_s"] == [f0["recovered_after_s"], f1["recovered_after_s"]]
+
+
+def test_fatal_and_from_scratch_failures_count_their_steps():
+    book = _book()
+    ledger = Ledger(JobMetrics("j"), book, lambda etype, **kw: None)
+    (scratch,) = ledger.record_failures([_failure(1, 10.0, 45)], None, 10.1, reached=0)
+    assert scratch["steps_redone"] == 45  # back to step 0: every step again
+    (fatal,) = ledger.record_failures([_failure(2, 11.0, 50)], None, 11.1, 50, fatal=True)
+    assert fatal["steps_redone"] is None  # nothing redone: the job ended
