@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -93,10 +94,20 @@ class Snapshot:
     skeleton: bytes
     metas: tuple[TensorMeta, ...]
     payload: Any  # a 1-D uint8 numpy array or torch tensor
+    # adler32 of the payload, taken where it was handed over (None: not taken): a torn or
+    # corrupted copy is found at the restore, not trained on.
+    checksum: int | None = None
 
     @property
     def nbytes(self) -> int:
         return len(self.payload)
+
+    def payload_checksum(self) -> int:
+        return payload_checksum(self.payload)
+
+    def intact(self) -> bool:
+        """The payload still has the checksum it was handed over with (or has none)."""
+        return self.checksum is None or self.payload_checksum() == self.checksum
 
     def digest(self) -> str:
         """sha256 over the skeleton and each tensor's bytes (not the alignment padding)."""
@@ -106,6 +117,11 @@ class Snapshot:
         for m in self.metas:
             h.update(memoryview(raw[m.offset : m.offset + m.nbytes]))
         return h.hexdigest()
+
+
+def payload_checksum(payload: Any) -> int:
+    """adler32 of a payload's bytes (about 4 GB/s: 1 ms for 5 MB)."""
+    return zlib.adler32(memoryview(np.ascontiguousarray(_as_numpy(payload))).cast("B"))
 
 
 def _as_numpy(payload: Any):

@@ -74,6 +74,8 @@ class ShardStore(Protocol):
 
     def drop_below(self, step: int) -> int: ...
 
+    def discard(self, rank: int, step: int) -> int: ...
+
     def drop_above(self, step: int) -> int: ...
 
     def trim(self, keep: set[int], newest: int, below: int | None = None) -> int: ...
@@ -100,7 +102,9 @@ class MemoryShardStore:
         src = np.asarray(snapshot.payload, dtype=np.uint8).reshape(-1)
         buf = self._buffer(src.nbytes)
         np.copyto(buf, src)
-        owned = Snapshot(snapshot.step, bytes(snapshot.skeleton), snapshot.metas, buf)
+        owned = Snapshot(
+            snapshot.step, bytes(snapshot.skeleton), snapshot.metas, buf, snapshot.checksum
+        )
         with self._lock:
             old = self._shards.pop((rank, snapshot.step), None)
             self._shards[(rank, snapshot.step)] = owned
@@ -131,6 +135,10 @@ class MemoryShardStore:
 
     def drop_below(self, step: int) -> int:
         return self._drop(lambda k: k[1] >= step)
+
+    def discard(self, rank: int, step: int) -> int:
+        """Drop `rank`'s shard of `step` (a restore found it corrupt)."""
+        return self._drop(lambda k: k != (rank, step))
 
     def drop_above(self, step: int) -> int:
         return self._drop(lambda k: k[1] <= step)
@@ -244,12 +252,21 @@ class ShmShardStore:
             self._reserved[path] = (rank, slot)
         return path
 
-    def commit(self, rank: int, step: int, skeleton: bytes, metas: tuple, path: str) -> ShardInfo:
-        """The worker finished writing `path`: it now holds `rank`'s shard of `step`."""
+    def commit(
+        self,
+        rank: int,
+        step: int,
+        skeleton: bytes,
+        metas: tuple,
+        path: str,
+        checksum: int | None = None,
+    ) -> ShardInfo:
+        """The worker finished writing `path`: it now holds `rank`'s shard of `step`
+        (`checksum`: the payload's, taken by the writer)."""
         with self._lock:
             owner, slot = self._reserved.pop(path)
             assert owner == rank, f"slot {path} was reserved by rank {owner}, not {rank}"
-            snap = Snapshot(step, bytes(skeleton), tuple(metas), slot.array)
+            snap = Snapshot(step, bytes(skeleton), tuple(metas), slot.array, checksum)
             old = self._shards.pop((rank, step), None)
             self._shards[(rank, step)] = (snap, slot)
             if old is not None:
@@ -262,7 +279,9 @@ class ShmShardStore:
         with self._lock:
             slot = self._reserved[path][1]
         np.copyto(slot.array, src)
-        return self.commit(rank, snapshot.step, snapshot.skeleton, snapshot.metas, path)
+        return self.commit(
+            rank, snapshot.step, snapshot.skeleton, snapshot.metas, path, snapshot.checksum
+        )
 
     def get(self, rank: int, step: int) -> Snapshot | None:
         with self._lock:
@@ -271,7 +290,9 @@ class ShmShardStore:
             return None
         snap, slot = entry
         # A plain ndarray view: serializers copy its bytes, never the mapping.
-        return Snapshot(snap.step, snap.skeleton, snap.metas, slot.array.view(np.ndarray))
+        return Snapshot(
+            snap.step, snap.skeleton, snap.metas, slot.array.view(np.ndarray), snap.checksum
+        )
 
     def stored(self) -> dict[int, list[int]]:
         with self._lock:
@@ -296,6 +317,10 @@ class ShmShardStore:
 
     def drop_below(self, step: int) -> int:
         return self._drop(lambda k: k[1] >= step)
+
+    def discard(self, rank: int, step: int) -> int:
+        """Drop `rank`'s shard of `step` (a restore found it corrupt)."""
+        return self._drop(lambda k: k != (rank, step))
 
     def drop_above(self, step: int) -> int:
         return self._drop(lambda k: k[1] <= step)

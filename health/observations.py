@@ -17,6 +17,9 @@ class FailureKind(enum.Enum):
     GPU_FATAL = "gpu_fatal"  # a fatal Xid, double-bit ECC or a lost GPU on the rank's node
     GPU_ERROR = "gpu_error"  # an application Xid on the rank's GPU (e.g. 13, 43)
     PREFLIGHT = "preflight"  # the rank's node failed its preflight check
+    # The rank could not restore its shard (source gone, timed out, missing, corrupt):
+    # the copy's fault, not the rank's; restored again from the next source.
+    RESTORE_FAILED = "restore_failed"
 
 
 class FailureClass(enum.Enum):
@@ -38,6 +41,7 @@ CLASS_OF = {
     FailureKind.GPU_FATAL: FailureClass.INFRASTRUCTURE,
     FailureKind.GPU_ERROR: FailureClass.INFRASTRUCTURE,
     FailureKind.PREFLIGHT: FailureClass.INFRASTRUCTURE,
+    FailureKind.RESTORE_FAILED: FailureClass.INFRASTRUCTURE,
     FailureKind.HUNG: FailureClass.PERFORMANCE,
     FailureKind.STRAGGLER: FailureClass.PERFORMANCE,
 }

@@ -55,6 +55,7 @@ _WHAT = {
     FailureKind.GPU_FATAL: "on a failed GPU",
     FailureKind.GPU_ERROR: "hit a GPU application error",
     FailureKind.PREFLIGHT: "on a node that failed preflight",
+    FailureKind.RESTORE_FAILED: "could not restore its shard",
 }
 
 
@@ -67,6 +68,7 @@ SPECIFICITY = (
     FailureKind.GPU_FATAL,
     FailureKind.GPU_ERROR,
     FailureKind.PREFLIGHT,
+    FailureKind.RESTORE_FAILED,
     FailureKind.HUNG,
     FailureKind.STRAGGLER,
     FailureKind.WORKER_DIED,
@@ -111,6 +113,9 @@ def decide(
         for f in failures
         if f.failure_class in (FailureClass.INFRASTRUCTURE, FailureClass.PERFORMANCE)
     ]
+    # A rank that could not restore its shard is alive and well: the copy was bad.
+    restore = [f for f in lost if f.kind is FailureKind.RESTORE_FAILED and not f.process_lost]
+    lost = [f for f in lost if f not in restore]
     dead = sorted({f.rank for f in lost} | {f.rank for f in user if f.process_lost})
     comm = [f for f in failures if f.kind is FailureKind.COMM_ERROR]
     cordon, cordon_why = _cordons(failures, now, config, node_history)
@@ -154,6 +159,16 @@ def decide(
             Decision(Action.REPLACE, ranks=tuple(dead), cordon=cordon),
             f"{what}; replace {where}{cordon_why}",
         )
+
+    if restore:
+        ranks = ", ".join(str(f.rank) for f in restore)
+        first = (restore[0].message or "").splitlines()[:1]
+        what = f"rank(s) {ranks} could not restore their shards" + (
+            f" ({first[0][:200]})" if first else ""
+        )
+        if budget.restarts_left == 0:
+            return Decision(Action.FAIL), f"{what}; {_exhausted(budget)}"
+        return Decision(Action.RESTART_GROUP), f"{what}; restore again from the next source"
 
     # Only collective errors: give Ray time to report the death that caused them.
     oldest = min(f.at for f in comm)

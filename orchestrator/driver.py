@@ -239,7 +239,7 @@ def run_job(
                         "the node agents' memory",
                     )
                     _wait_for_name(name)
-                    supervisor = start({"restarts": restarts})
+                    supervisor = start({"restarts": restarts, **follower.account()})
                     follower.rebind(supervisor, supervisor.run.remote())
         result["ray"] = where
         result["output"] = str(out)
@@ -357,6 +357,13 @@ class _Follower:
         self.seen = 0
         self.output_seen = 0
         self.last_progress: dict[str, Any] | None = None
+        self._closed: list[dict[str, Any]] = []  # failure_closed records, every supervisor's
+        self._recoveries = 0
+
+    def account(self) -> dict[str, Any]:
+        """What a successor supervisor carries on: the failures recovered so far and the
+        number of recoveries (the restart budget spent)."""
+        return {"failures": list(self._closed), "recoveries": self._recoveries}
 
     def note(self, kind: str, **fields: Any) -> None:
         """An event of the driver's own (the supervisor that would log it is gone)."""
@@ -383,6 +390,10 @@ class _Follower:
                 update = ray.get(self.supervisor.poll.remote(self.seen, self.output_seen))
                 self._take_output(update.get("output"))
             for event in update["events"]:
+                if event["type"] == "failure_closed":
+                    self._closed.append(event["record"])
+                elif event["type"] == "recovered":
+                    self._recoveries += 1
                 if event["type"] == "stacks" and self.out is not None:
                     event = self._write_stacks(event)
                 self.events_file.write(json.dumps(event) + "\n")

@@ -153,6 +153,12 @@ class FailureSpec(_Model):
         description="how long a lost rank's replacement may wait for capacity on a healthy "
         "node before the job fails",
     )
+    restore_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="a rank's fetch of its shard from a node's memory fails after this "
+        "long (the source died or stalls): the recovery restores from the next source",
+    )
     supervisor_restarts: int = Field(
         2,
         ge=0,
@@ -339,6 +345,14 @@ class StorageUnavailable(_FaultBase):
     seconds: float = Field(gt=0, description="how long the persist target fails")
 
 
+class CorruptShard(_FaultBase):
+    """Flip a byte in every shard of ``rank`` that its node's own store holds (damaged
+    memory, a torn write): the next restore from there finds the checksum wrong and
+    restores from another node's copy."""
+
+    kind: Literal["corrupt_shard"]
+
+
 class KillSupervisor(_FaultBase):
     """Kill the job's supervisor actor when ``rank`` reaches ``at_step``."""
 
@@ -353,7 +367,8 @@ Fault = Annotated[
     | GpuXid
     | DropReplicas
     | StorageUnavailable
-    | KillSupervisor,
+    | KillSupervisor
+    | CorruptShard,
     Field(discriminator="kind"),
 ]
 
@@ -471,7 +486,12 @@ class JobSpec(_Model):
 def _format_error(err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
     # Discriminated unions add the tag to the path; users never wrote it.
-    loc = re.sub(r"(faults\.\d+)\.(kill_worker|kill_node|hang|slow|gpu_xid)\b", r"\1", loc)
+    loc = re.sub(
+        r"(faults\.\d+)\.(kill_worker|kill_node|hang|slow|gpu_xid|drop_replicas|"
+        r"storage_unavailable|kill_supervisor|corrupt_shard)\b",
+        r"\1",
+        loc,
+    )
     loc = re.sub(r"^workers\.(count|range)\b", "workers", loc)
     msg = err["msg"]
     typ = err["type"]

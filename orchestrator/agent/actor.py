@@ -63,7 +63,8 @@ class NodeAgent:
         self.replicator = Replicator(self.store)
         self._refuse_upto = -1  # chaos drop_replicas: shards of steps <= this are lost
         self._prune_lock = threading.Lock()
-        self._prune_seq = -1
+        self._prune_seq: tuple[int, int] = (-1, -1)  # (supervisor incarnation, number)
+        self._fence = 0  # hand-overs of generations below this one are refused
         self._durable: dict[tuple[str, str], DurableStore] = {}
         self._lock = threading.Lock()
         self._beats: dict[int, dict[str, Any]] = {}
@@ -123,28 +124,55 @@ class NodeAgent:
         metas: tuple | None,
         path: str,
         reserve_next: int | None = None,
+        checksum: int | None = None,
+        generation: int | None = None,
     ) -> tuple[ShardInfo, str | None]:
         """Commit `path` as `rank`'s shard of `step`. `metas=None`: the same tensor layout as
         this rank's previous shard. With `reserve_next`, the reply also carries the next
-        slot of that size, saving the worker a call per snapshot."""
+        slot of that size, saving the worker a call per snapshot. A hand-over of a
+        generation older than the newest rollback (`generation`) is refused: a shard of
+        an aborted generation counts toward no commit."""
         if metas is None:
             metas = self._layouts[rank]
         self._layouts[rank] = metas
-        if step <= self._refuse_upto:  # lost with the node's memory (chaos drop_replicas)
+        if step <= self._refuse_upto or self._stale(generation):
             self.store.release(rank, path)
             info = ShardInfo(rank, step, 0)
         else:
-            info = self.store.commit(rank, step, skeleton, metas, path)
+            info = self.store.commit(rank, step, skeleton, metas, path, checksum)
             self.replicator.offer(rank, step)
         following = self.store.reserve(rank, reserve_next) if reserve_next is not None else None
         return info, following
 
-    def put_shard(self, rank: int, snapshot: Snapshot) -> ShardInfo:
-        if snapshot.step <= self._refuse_upto:  # lost with the node's memory (chaos)
+    def _stale(self, generation: int | None) -> bool:
+        return generation is not None and generation < self._fence
+
+    def put_shard(self, rank: int, snapshot: Snapshot, generation: int | None = None) -> ShardInfo:
+        # Lost with the node's memory (chaos drop_replicas), or of an aborted generation.
+        if snapshot.step <= self._refuse_upto or self._stale(generation):
             return ShardInfo(rank, snapshot.step, 0)
         info = self.store.put(rank, snapshot)
         self.replicator.offer(rank, snapshot.step)
         return info
+
+    def corrupt_shards(self, rank: int) -> list[int]:
+        """Chaos corrupt_shard: flip a byte in every shard of `rank` this node's own store
+        holds (as damaged memory or a torn write would); copies held for peers are left
+        alone. Returns the steps hit."""
+        hit = []
+        for step in self.store.stored().get(rank, []):
+            snap = self.store.get(rank, step)
+            if snap is not None and len(snap.payload):
+                payload = snap.payload
+                payload[len(payload) // 2] ^= 0xFF
+                hit.append(step)
+        return hit
+
+    def discard(self, rank: int, step: int) -> None:
+        """A rank could not restore `rank`'s shard of `step` from here (corrupt, torn):
+        drop it, own store and copies alike."""
+        for store in (self.store, self.replicas):
+            store.discard(rank, step)
 
     def get_shard(self, rank: int, step: int) -> Snapshot | None:
         """`rank`'s shard of `step` from this node's memory: its own store, else a copy."""
@@ -271,19 +299,26 @@ class NodeAgent:
         keep: list[int] | None = None,
         newest: int = 3,
         fresh_above: int | None = None,
-        seq: int | None = None,
+        seq: tuple[int, int] | None = None,
+        fence: int | None = None,
     ) -> int:
         """Drop steps from this node's memory: above `above` (a rollback), below `below`;
         with `keep`, everything but those steps, the steps being replicated, each rank's
         `newest` newest (own store) and the copies newer than `fresh_above` (the newest
         commit: copies on their way to the next one). Calls to an agent run on several
         threads and may overtake each other: one numbered `seq` older than the last one
-        applied is stale and ignored."""
+        applied is stale and ignored. `seq` is (the supervisor's incarnation, its count): a
+        restarted supervisor's prunes, counted from 0 again, still come after its
+        predecessor's. `fence` (with a rollback): the generation about to start; shards
+        handed over by older ones are refused from now on."""
         with self._prune_lock:
             if seq is not None:
+                seq = (int(seq[0]), int(seq[1]))
                 if seq <= self._prune_seq:
                     return 0
                 self._prune_seq = seq
+            if fence is not None:
+                self._fence = max(self._fence, fence)
             dropped = 0
             for store in (self.store, self.replicas):
                 if above is not None:
@@ -374,6 +409,8 @@ class NodeAgent:
                 "beats": dict(self._beats),
                 "stored": self.store.stored(),
                 "replicas": self.replicas.stored(),
+                "held_bytes": self.store.nbytes() + self.replicas.nbytes(),
+                "fence": self._fence,
                 "replication": self.replicator.status(),
                 "fired": sorted(self._fired),
                 "gpus": self._gpu_report(),

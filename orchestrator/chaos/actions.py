@@ -104,6 +104,7 @@ def carry_out(
     storage_outage: Callable[[float], None] | None = None,
     kill_supervisor: Callable[[], None] | None = None,
     kill_job_on_node: Callable[[], None] | None = None,
+    corrupt_shards: Callable[[], None] | None = None,
 ) -> None:
     kind = fault["kind"]
     if kind == "kill_worker":
@@ -126,5 +127,7 @@ def carry_out(
         storage_outage(fault["seconds"])
     elif kind == "kill_supervisor" and kill_supervisor is not None:
         kill_supervisor()
+    elif kind == "corrupt_shard" and corrupt_shards is not None:
+        corrupt_shards()
     else:
         raise ValueError(f"unknown chaos fault kind {kind!r}")

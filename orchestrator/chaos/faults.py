@@ -19,16 +19,6 @@ from stalwart.health.observations import FailureKind, WorkerFailure
 from stalwart.orchestrator.spec import Fault, _format_error
 
 _FAULT = TypeAdapter(Fault)
-LIVE_KINDS = (
-    "kill_worker",
-    "kill_node",
-    "hang",
-    "slow",
-    "gpu_xid",
-    "drop_replicas",
-    "storage_unavailable",
-    "kill_supervisor",
-)
 
 
 class InjectRefused(ValueError):

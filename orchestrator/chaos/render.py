@@ -38,7 +38,7 @@ def table(v: Verdict) -> Any:
         if r.failures:
             restored = (
                 f"step {r.restored_step}, {_tiers(r.tiers)}"
-                if r.restored_step is not None
+                if r.restored_step or not r.steps_lost
                 else "nothing: step 0"
             )
         else:

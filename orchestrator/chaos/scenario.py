@@ -78,6 +78,11 @@ class Expect(_Model):
     alerts_within_s: float = Field(
         120.0, gt=0, description="how long after the job ends an expected alert may take"
     )
+    memory_flat: bool = Field(
+        False,
+        description="the memory the nodes hold for checkpoints stays flat after the last "
+        "fault (its peak in the run's last half at most 1.25x that of the half before)",
+    )
     from_scratch_ok: bool = Field(
         False,
         description="a recovery may restart the job from step 0 (no restore point): by "

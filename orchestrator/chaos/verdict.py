@@ -21,6 +21,7 @@ _NOTICED_BY = {
     "slow": ("straggler",),
     "storage_unavailable": ("persist_failed",),
     "drop_replicas": (),
+    "corrupt_shard": ("restore_source_dropped",),
     "kill_supervisor": ("supervisor_adopted",),
 }
 
@@ -110,7 +111,7 @@ def _noticed(fault: dict[str, Any], fired: dict[str, Any], events: list[dict]) -
             continue
         if e["type"] == "straggler" and fault["rank"] not in (e.get("ranks") or [e.get("rank")]):
             continue
-        return f"{e['type']} after {e['ts'] - after:.1f} s"
+        return f"{e['type']} after {e['ts'] - after:.1f} s" if after else e["type"]
     return None
 
 
@@ -179,10 +180,11 @@ def judge(
                     f"{_s(took)} (at most {limit:g} s)",
                 )
             )
+    # Restarted from scratch: restored step 0 (or nothing) with steps to redo.
     scratch = [
         x
         for x in result.get("failures", [])
-        if x.get("restored_step") is None and (x.get("steps_redone") or 0) > 0
+        if not x.get("restored_step") and (x.get("steps_redone") or 0) > 0
     ]
     if not ex.from_scratch_ok:
         checks.append(
@@ -195,6 +197,8 @@ def judge(
                 f"copies to restore): redone {sum(x['steps_redone'] for x in scratch)} steps",
             )
         )
+    if ex.memory_flat:
+        checks.append(_memory_flat(events))
     if ex.alerts:
         if alerts is None:
             checks.append(
@@ -222,6 +226,30 @@ def judge(
         checks=checks,
         alerts=alerts,
         output=result.get("output"),
+    )
+
+
+def _memory_flat(events: list[dict[str, Any]]) -> Check:
+    """The checkpoint memory after the last fault: its peak over the last half of the run
+    against the half before (a leak grows with the steps; a healthy store does not)."""
+    fired = [e.get("at") or e["ts"] for e in events if e.get("type") == "fault_injected"]
+    since = max(fired, default=0.0)
+    held = [
+        e["memory_bytes"]
+        for e in events
+        if e.get("type") == "throughput" and e["ts"] > since and e.get("memory_bytes")
+    ]
+    held = held[len(held) // 5 :]  # the first recovery's settling
+    if len(held) < 6:
+        return Check("memory flat", False, f"{len(held)} readings after the last fault: too few")
+    half = len(held) // 2
+    early, late = max(held[:half]), max(held[half:])
+    ok = late <= 1.25 * early + (1 << 20)
+    return Check(
+        "memory flat",
+        ok,
+        f"checkpoint memory peaked at {early / 2**20:.1f} MiB, then {late / 2**20:.1f} MiB "
+        f"({len(held)} readings after the last fault; at most 1.25x)",
     )
 
 

@@ -57,6 +57,12 @@ DEFINITIONS: tuple[MetricDef, ...] = (
         "the newest step whose every shard has its copies in memory (the restore point)",
     ),
     MetricDef(
+        "stalwart_checkpoint_memory_bytes",
+        "gauge",
+        "bytes the nodes' memory holds for the job's in-memory checkpoints (own shards and "
+        "peers' copies, all nodes): flat in a healthy run",
+    ),
+    MetricDef(
         "stalwart_committed_timestamp_seconds",
         "gauge",
         "when the committed step last moved (unix time)",

@@ -238,6 +238,8 @@ class JobMetrics:
             self._("stalwart_total_steps").set(progress["total_steps"])
             if progress.get("committed_step") is not None:
                 self._("stalwart_committed_step").set(progress["committed_step"])
+            if progress.get("memory_bytes") is not None:
+                self._("stalwart_checkpoint_memory_bytes").set(progress["memory_bytes"])
             self._("stalwart_workers").set(progress["workers"])
             self._("stalwart_generation").set(progress["generation"])
             self._("stalwart_spares_ready").set(progress["spares"])

@@ -86,7 +86,7 @@ class JobSupervisor:
         self.pool = WorkerPool(spec_, self.store_key, base_dir, emit)
         self.gen = Generation(spec_, self.pool, emit)
         self.preflight = Preflight(spec_, self.pool, self.faults, emit)
-        self.ckpt = Checkpoints(spec_, self.pool, emit)
+        self.ckpt = Checkpoints(spec_, self.pool, emit, incarnation=self.supervisor_restarts)
         self.detect = Detection(spec_, self.pool, self.ckpt, self.metrics, emit, self._lock)
         self.ledger = Ledger(self.metrics, self.faults, emit)
         self.elastic = Elastic(
@@ -103,6 +103,10 @@ class JobSupervisor:
             self.ledger,
             emit,
         )
+        if adopt:
+            # What the dead supervisor's account held (the driver kept its events).
+            self.ledger.carry(adopt.get("failures", []))
+            self.recovery.restarts = adopt.get("recoveries", 0)
 
     # --- public API (called by the driver, the CLI and the workers) --------------------------
 
@@ -123,6 +127,9 @@ class JobSupervisor:
                 workers={r: info[r] for r in self.pool.workers},
             )
             memory = self._adopted_restore_point() if self.adopt else None
+            # Generations go on counting from the dead supervisor's (agents refuse shards
+            # of generations older than the newest they were told of).
+            self.gen.number = max(self.gen.number, self.ckpt.fence)
             durable = self.ckpt.resume_point(self.resume) if memory is None else None
             self._launch(
                 memory if memory is not None else (durable.step if durable else None), durable
@@ -250,6 +257,7 @@ class JobSupervisor:
             "step": max(steps) if steps else 0,
             "total_steps": self.spec.steps,
             "committed_step": self.ckpt.commit.committed,
+            "memory_bytes": sum(self.ckpt.held_bytes.values()),
             "loss": sum(losses) / len(losses) if losses else None,
             "samples": sum(b.get("samples", 0.0) for b in beats),
             "failures": len(self.ledger.failures),

@@ -9,6 +9,7 @@ next generation (ckpt/holdings.py) and the steps to persist (supervisor/persist.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -30,14 +31,24 @@ FINAL_PERSIST_TIMEOUT_S = 300.0  # a finished job waits this long for its last c
 
 
 class Checkpoints:
-    def __init__(self, spec: JobSpec, pool: WorkerPool, emit: Callable[..., None]):
+    def __init__(
+        self, spec: JobSpec, pool: WorkerPool, emit: Callable[..., None], incarnation: int = 0
+    ):
+        """`incarnation`: how many supervisors of this job came before this one (it numbers
+        the prunes the agents receive)."""
         self.spec = spec
+        self.incarnation = incarnation
         self.pool = pool
         self._emit = emit
         self.commit = CommitTracker(pool.world)
         self.stored: dict[str, dict[int, list[int]]] = {}  # node -> its own store's steps
         self.replicas_held: dict[str, dict[int, list[int]]] = {}  # node -> copies it holds
         self.replication: dict[str, dict[str, Any]] = {}  # node -> its replicator's status
+        self.held_bytes: dict[str, int] = {}  # node -> bytes its memory holds for the job
+        self.fence = 0  # the newest generation an agent was told of (they refuse older ones)
+        # rank -> (node or None for storage, whose shard, step, tier) of its last restore
+        self.last_sources: dict[int, tuple[str | None, int, int, str | None]] = {}
+        self.bad_durable: set[int] = set()  # durable steps a rank could not restore
         self.plan = ReplicaPlan(spec.checkpoint, pool, emit)
         # rank -> whose shard it restores (a rank added by a grow, until it has its own)
         self.borrowed: dict[int, int] = {}
@@ -58,6 +69,8 @@ class Checkpoints:
             self.stored[rep["node"]] = rep["stored"]
             self.replicas_held[rep["node"]] = rep.get("replicas", {})
             self.replication[rep["node"]] = rep.get("replication", {})
+            self.held_bytes[rep["node"]] = rep.get("held_bytes", 0)
+            self.fence = max(self.fence, rep.get("fence", 0))
             for rank, steps in rep["stored"].items():
                 merged[int(rank)].update(steps)
         before = self.commit.committed
@@ -80,6 +93,7 @@ class Checkpoints:
         self.trim(step)
 
     def forget_node(self, node: str) -> None:
+        self.held_bytes.pop(node, None)
         self.stored.pop(node, None)
         self.replicas_held.pop(node, None)
         self.replication.pop(node, None)
@@ -122,7 +136,7 @@ class Checkpoints:
                 keep=list(keep),
                 newest=NEWEST_KEPT,
                 fresh_above=self.commit.committed,
-                seq=self._prune_seq,
+                seq=(self.incarnation, self._prune_seq),
             )
 
     # --- restoring --------------------------------------------------------------------------
@@ -136,17 +150,53 @@ class Checkpoints:
         pool = self.pool
         if durable is not None:
             target = self.persister.target
+            self.last_sources = {r: (None, r, durable.step, "durable") for r in pool.workers}
             return {r: (target, r, "durable") for r in pool.workers}
         by_rank = self._holders(step) if step is not None else {}
         out = {}
+        self.last_sources = {}
         for r in pool.workers:
             here = pool.worker_info.get(r, {}).get("node_id")
             src = holdings.restore_source(r, step, here, by_rank, self.borrowed.get(r))
             agent = pool.agents[src.node] if src.node is not None else None
             out[r] = (agent, src.rank, src.tier)
+            if step is not None:
+                self.last_sources[r] = (src.node, src.rank, step, src.tier)
         return out
 
-    def roll_back(self) -> tuple[int | None, Manifest | None]:
+    def distrust(self, rank: int) -> None:
+        """`rank` could not restore from its last source: that copy is dropped (its node's
+        agent discards it; a durable step is skipped from now on), so the roll back that
+        follows picks the next source: another node's copy, an older commit, storage."""
+        src = self.last_sources.get(rank)
+        if src is None:
+            return
+        node, whose, step, tier = src
+        if node is None:
+            self.bad_durable.add(step)
+        else:
+            agent = self.pool.agents.get(node)
+            if agent is not None:
+                # A node that does not answer is judged by detection.
+                with contextlib.suppress(ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                    ray.get(agent.discard.remote(whose, step), timeout=10)
+            for per_node in (self.stored, self.replicas_held):
+                held = per_node.get(node, {})
+                for key in (whose, str(whose)):
+                    if step in held.get(key, ()):
+                        held[key] = [s for s in held[key] if s != step]
+        self._emit(
+            "restore_source_dropped",
+            rank=rank,
+            step=step,
+            source=tier,
+            node=node,
+            reason=f"rank {rank} could not restore step {step} from "
+            + (f"node {node[:12]}'s memory ({tier})" if node else "durable storage")
+            + ": restoring from the next source",
+        )
+
+    def roll_back(self, next_generation: int | None = None) -> tuple[int | None, Manifest | None]:
         """After a failure (and a fresh poll): the newest step with a complete set of shards
         in memory (any live copy), else on durable storage, else None (start over). Every
         node drops what lies above it. Returns (step, manifest when from storage)."""
@@ -170,7 +220,11 @@ class Checkpoints:
         self.plan.replicating, self._kept, self._dropped_below = None, (), None
         self._prune_seq += 1
         for agent in self.pool.agents.values():
-            agent.prune.remote(above=restore if restore is not None else -1, seq=self._prune_seq)
+            agent.prune.remote(
+                above=restore if restore is not None else -1,
+                seq=(self.incarnation, self._prune_seq),
+                fence=next_generation,
+            )
         return restore, durable
 
     def borrow(self, rank: int, source: int) -> None:
@@ -212,8 +266,9 @@ class Checkpoints:
         if self.persister is None:
             return None
         store = self.persister.store
+        below = min(self.bad_durable) - 1 if self.bad_durable else None
         try:
-            manifest, skipped = store.newest_valid(self.pool.world)
+            manifest, skipped = store.newest_valid(self.pool.world, at_most=below)
         except DurableError as e:
             self._emit("durable_unavailable", reason=f"{store.describe()}: {e}")
             return None

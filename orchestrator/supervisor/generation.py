@@ -25,7 +25,11 @@ from stalwart.orchestrator.supervisor.pool import ActorGone, WorkerPool, actor_e
 
 COLLECTIVE_TIMEOUT_S = 1800.0
 # A worker's outcome -> the failure it stands for (others are communication errors).
-OUTCOME_KINDS = {"user_error": FailureKind.USER_ERROR, "oom": FailureKind.OOM}
+OUTCOME_KINDS = {
+    "user_error": FailureKind.USER_ERROR,
+    "oom": FailureKind.OOM,
+    "restore_failed": FailureKind.RESTORE_FAILED,
+}
 
 
 def open_rendezvous(

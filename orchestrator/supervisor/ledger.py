@@ -171,6 +171,9 @@ class Ledger:
             f["phases_s"]["detect"] = f["detected_after_s"]
             f["phases_s"]["decide"] = f["decided_after_s"]
             f["restore_tiers"] = dict(restore_tiers)
+            # The whole record, for a successor supervisor to carry on (the driver keeps
+            # them): a supervisor restart loses no failure from the job's account.
+            self._emit("failure_closed", record=dict(f))
         self._emit(
             "recovered",
             generation=generation,
@@ -186,6 +189,10 @@ class Ledger:
             decided_after_s=[f["decided_after_s"] for f in rec["failures"]],
         )
         self.open_recovery = None
+
+    def carry(self, failures: list[dict[str, Any]]) -> None:
+        """Failures a supervisor that died had recorded and closed (failure_closed)."""
+        self.failures = [*failures, *self.failures]
 
     def resized(self, old: int, new: int, reason: str, **extra: Any) -> None:
         entry = {"at": time.time(), "from": old, "to": new, "reason": reason}
@@ -234,6 +241,7 @@ class Ledger:
             committed_step=committed,
             # Steps a loss of `copies - 1` nodes would cost now (replication lag incl.).
             commit_lag_steps=step - committed if committed is not None else None,
+            memory_bytes=progress.get("memory_bytes"),
             loss=None if loss is None else round(loss, 6),
             # rank -> median compute seconds of its steps in this interval (the report's
             # per-rank heatmap; the exporter has only the newest step's).

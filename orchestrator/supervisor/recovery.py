@@ -178,7 +178,10 @@ class Recovery:
         set of shards (in memory: any live copy, a node's own store or a peer's; else on
         durable storage; else step 0), record the failures (`reached`: the newest step any
         rank reached) and open the recovery in the ledger."""
-        restore, durable = self.checkpoints.roll_back()
+        for f in work.failures:
+            if f.kind is FailureKind.RESTORE_FAILED:
+                self.checkpoints.distrust(f.rank)
+        restore, durable = self.checkpoints.roll_back(self.generation.number + 1)
         # From scratch counts as restoring step 0.
         recorded = self.ledger.record_failures(
             work.failures,

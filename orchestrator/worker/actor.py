@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from stalwart.ckpt.durable import open_store
 from stalwart.ckpt.pipeline import SnapshotPipeline
-from stalwart.ckpt.snapshot import Snapshot
+from stalwart.ckpt.snapshot import Snapshot, payload_checksum
 from stalwart.health.classify import classify_exception
 from stalwart.health.observations import FailureKind
 from stalwart.orchestrator.chaos import actions as chaos
@@ -37,7 +37,7 @@ from stalwart.orchestrator.worker.collective import (
     local_group,
     solo_group,
 )
-from stalwart.orchestrator.worker.context import TrainContext
+from stalwart.orchestrator.worker.context import RestoreFailed, TrainContext
 from stalwart.orchestrator.worker.entrypoint import load_entrypoint
 from stalwart.orchestrator.worker.output import OutputCapture
 
@@ -238,7 +238,9 @@ class TrainWorker:
                 return self._outcome("interrupted", timings)  # no flush: a recovery waits
             self.output.flush()  # the supervisor has the rank's last lines before its failure
             # Failing to form the group is the infrastructure's fault, not the user's.
-            if is_comm_error(e) or not in_user_code:
+            if isinstance(e, RestoreFailed):
+                kind = "restore_failed"
+            elif is_comm_error(e) or not in_user_code:
                 kind = "comm_error"
             elif classify_exception(type(e).__name__, str(e)) is FailureKind.OOM:
                 kind = "oom"
@@ -332,9 +334,11 @@ class TrainWorker:
         payload = snap.payload.numpy() if isinstance(snap.payload, torch.Tensor) else snap.payload
         if self._transport is None:
             self._transport = ray.get(self.agent.store_transport.remote())
+        # Taken here, on the hand-over thread, not the training thread.
+        checksum = payload_checksum(payload)
         if self._transport == "ray":
-            shard = Snapshot(snap.step, snap.skeleton, snap.metas, payload)
-            ray.get(self.agent.put_shard.remote(self.rank, shard))
+            shard = Snapshot(snap.step, snap.skeleton, snap.metas, payload, checksum)
+            ray.get(self.agent.put_shard.remote(self.rank, shard, self.generation))
             return
         # Shared memory: one copy into a slot file the agent reserved (usually in the reply
         # to the previous commit), then one small commit call.
@@ -357,7 +361,14 @@ class TrainWorker:
         metas = None if snap.metas == self._sent_metas else snap.metas
         _, following = ray.get(
             self.agent.commit_slot.remote(
-                self.rank, snap.step, snap.skeleton, metas, path, reserve_next=payload.nbytes
+                self.rank,
+                snap.step,
+                snap.skeleton,
+                metas,
+                path,
+                reserve_next=payload.nbytes,
+                checksum=checksum,
+                generation=self.generation,
             )
         )
         self._sent_metas = snap.metas
@@ -368,7 +379,12 @@ class TrainWorker:
         default) or, for a dict naming a durable target, storage (sha256-checked)."""
         if isinstance(source, dict):
             return open_store(source).read_shard(step, self._restore_rank)
-        return ray.get((source or self.agent).get_shard.remote(self._restore_rank, step))
+        # Bounded: a source agent that dies or stalls mid-fetch fails this restore (and the
+        # supervisor restores from the next source), it never hangs the recovery.
+        return ray.get(
+            (source or self.agent).get_shard.remote(self._restore_rank, step),
+            timeout=self.spec["failure"]["restore_timeout_s"],
+        )
 
     def _on_fault(self, fault: dict[str, Any]) -> None:
         # Recorded synchronously, at the supervisor (a node fault takes the agent with it),
@@ -397,6 +413,7 @@ class TrainWorker:
             drop_replicas=lambda: ray.get(self.agent.wipe.remote(fault["at_step"])),
             storage_outage=lambda seconds: ray.get(self.supervisor.storage_outage.remote(seconds)),
             kill_supervisor=lambda: ray.kill(self.supervisor, no_restart=True),
+            corrupt_shards=lambda: ray.get(self.agent.corrupt_shards.remote(self.rank)),
             kill_job_on_node=lambda: ray.get(
                 self.agent.kill_job_here.remote(os.getpid()), timeout=10
             ),

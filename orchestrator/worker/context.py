@@ -38,6 +38,15 @@ from stalwart.orchestrator.worker.stateful import stateful
 RECENT_STEPS = 32
 
 
+class RestoreFailed(RuntimeError):
+    """This rank could not restore committed step `step` from its source: the copy's
+    failure (gone, late, missing, corrupt), never the train loop's."""
+
+    def __init__(self, step: int, reason: str):
+        super().__init__(f"cannot restore committed step {step}: {reason}")
+        self.step = step
+
+
 class RecoveryInterrupt(GroupAborted):
     """Raised out of ``ctx.steps()`` when the supervisor starts a recovery."""
 
@@ -370,14 +379,24 @@ class TrainContext:
             return 0
         self.progress.setup_done_at = time.time()
         self.phase_faults("restore")
-        snap = self._fetch(self._restore_step)
+        step = self._restore_step
+        try:
+            snap = self._fetch(step)
+        except Exception as e:
+            raise RestoreFailed(step, f"fetching it failed: {type(e).__name__}: {e}") from None
         self.progress.fetched_at = time.time()
         if snap is None:
-            raise RuntimeError(
-                f"rank {self.rank}: no snapshot for committed step {self._restore_step} in the "
-                "node store"
+            raise RestoreFailed(step, "its source holds no such shard")
+        if not snap.intact():
+            raise RestoreFailed(
+                step,
+                "the copy is corrupt: its bytes do not match the checksum taken when it "
+                "was handed over",
             )
-        state = restore(snap, self.device)
+        try:
+            state = restore(snap, self.device)
+        except Exception as e:
+            raise RestoreFailed(step, f"it does not load: {type(e).__name__}: {e}") from None
         for name, obj in self._objects.items():
             if name not in state["objects"]:
                 raise RuntimeError(

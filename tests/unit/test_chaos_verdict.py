@@ -260,3 +260,23 @@ def test_remote_faults_need_both_opt_ins(monkeypatch):
     with pytest.raises(ChaosRefused):
         check_chaos_allowed(spec, RunOptions())
     check_chaos_allowed(validate({**data, "chaos": {"faults": []}}), RunOptions())
+
+
+def test_memory_flat_after_the_last_fault(tmp_path):
+    faults = [{"kind": "kill_supervisor", "rank": 0, "at_step": 10}]
+    sc, f, result, events = _run(tmp_path, faults, [])
+    sc.expect.memory_flat = True
+
+    def run_with(held):
+        readings = [
+            {"type": "throughput", "ts": 200.0 + i, "memory_bytes": b} for i, b in enumerate(held)
+        ]
+        v = judge(sc, f, result, [*events, *readings], "d" * 64)
+        return next(c for c in v.checks if c.name == "memory flat")
+
+    flat = run_with([50 << 20] * 40)
+    assert flat.ok, flat.detail
+    leak = run_with([(50 + 2 * i) << 20 for i in range(40)])
+    assert not leak.ok and "MiB" in leak.detail
+    few = run_with([50 << 20] * 3)
+    assert not few.ok and "too few" in few.detail

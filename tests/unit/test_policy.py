@@ -263,3 +263,32 @@ def test_decide_is_pure():
     assert decide(failures, b, T0, CFG) == decide(failures, b, T0, CFG)
     assert failures == (died(1), comm(0))
     assert b == budget()
+
+
+# --- restore failures ---------------------------------------------------------------------
+
+
+def restore_failed(rank: int, at: float = T0) -> WorkerFailure:
+    return WorkerFailure(
+        FailureKind.RESTORE_FAILED,
+        rank,
+        "node-a",
+        at,
+        error_type="RestoreFailed",
+        message="cannot restore committed step 30: the copy is corrupt",
+    )
+
+
+def test_a_restore_failure_is_the_infrastructures_and_restores_again():
+    # Not the user's error: the default user_error_retries=0 does not end the job.
+    decision, reason = decide([restore_failed(1)], budget(), T0, CFG)
+    assert decision.action is Action.RESTART_GROUP  # the rank is alive: nothing to replace
+    assert decision.ranks == () and decision.cordon == ()
+    assert reason == (
+        "rank(s) 1 could not restore their shards (cannot restore committed step 30: the "
+        "copy is corrupt); restore again from the next source"
+    )
+    decision, _ = decide([restore_failed(1), died(2)], budget(), T0, CFG)
+    assert decision.action is Action.REPLACE and decision.ranks == (2,)
+    decision, reason = decide([restore_failed(1)], budget(used=10), T0, CFG)
+    assert decision.action is Action.FAIL and "restart budget exhausted" in reason

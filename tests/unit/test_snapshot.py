@@ -369,3 +369,16 @@ def test_skeleton_refuses_os_system(tmp_path):
 def test_skeleton_allows_tensor_ref():
     snap = SnapshotBuffer().capture(0, [torch.ones(1)])
     assert isinstance(pickle.loads(snap.skeleton)[0], TensorRef)
+
+
+def test_a_handed_over_payload_keeps_its_checksum_and_a_flipped_byte_breaks_it():
+    import numpy as np
+
+    from stalwart.ckpt.snapshot import Snapshot, payload_checksum
+
+    payload = np.arange(4096, dtype=np.uint8)
+    snap = Snapshot(3, b"", (), payload, payload_checksum(payload))
+    assert snap.intact()
+    assert Snapshot(3, b"", (), payload).intact()  # none taken: nothing to check
+    payload[100] ^= 0xFF
+    assert not snap.intact()

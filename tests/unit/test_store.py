@@ -266,3 +266,22 @@ def test_orphaned_shm_stores_are_reaped_and_live_ones_kept(tmp_path):
     # A reused pid with another start time is not the owner.
     (live.root / OWNER_FILE).write_text(f"{os.getpid()}:1")
     assert ShmShardStore.reap_orphans(tmp_path) == [str(live.root)]
+
+
+def test_checksums_travel_with_shards_and_discard_drops_one(tmp_path):
+    from stalwart.ckpt.snapshot import payload_checksum
+    from stalwart.ckpt.store import ShmShardStore
+
+    for store in (MemoryShardStore(), ShmShardStore(tmp_path / "shm")):
+        s = snap(3, 2.5)
+        s.checksum = payload_checksum(s.payload)
+        store.put(0, s)
+        store.put(0, snap(4, 1.0))
+        store.put(1, snap(3, 1.0))
+        got = store.get(0, 3)
+        assert got.checksum == s.checksum and got.intact()
+        got.payload[len(got.payload) // 2] ^= 0xFF  # damaged memory, in place
+        assert not store.get(0, 3).intact()
+        assert store.discard(0, 3) == 1
+        assert store.stored() == {0: [4], 1: [3]}
+        store.close()
