@@ -180,6 +180,10 @@ class _Slot:
     array: np.ndarray  # the store's own mapping of the file
 
 
+class ShmFull(OSError):
+    """The shared-memory file system has no room for another slot."""
+
+
 class ShmShardStore:
     """Shards in files under a shared-memory directory that the store's process owns.
 
@@ -222,7 +226,7 @@ class ShmShardStore:
         return reaped
 
     @staticmethod
-    def usable(root: str | Path, need_bytes: int = 1 << 30) -> bool:
+    def usable(root: str | Path, need_bytes: int = 64 << 20) -> bool:
         """Is `root`'s file system there, writable and roomy enough (a small /dev/shm, as in
         a default container, is not)?"""
         root = Path(root)
@@ -244,8 +248,20 @@ class ShmShardStore:
                     return slot.path
             self._count += 1
             path = str(self.root / f"r{rank}-{self._count}")
+        # Allocated now, not on first touch: a full file system fails here, with ENOSPC,
+        # rather than with a SIGBUS in the worker writing through the mapping.
         with open(path, "wb") as f:
-            f.truncate(max(nbytes, 1))
+            try:
+                os.posix_fallocate(f.fileno(), 0, max(nbytes, 1))
+            except OSError as e:
+                f.close()
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                st = os.statvfs(self.root)
+                raise ShmFull(
+                    f"{self.root}: no room for rank {rank}'s {nbytes} byte shard "
+                    f"({st.f_bavail * st.f_frsize} bytes free): {e.strerror}"
+                ) from None
         array = np.memmap(path, dtype=np.uint8, mode="r+", shape=(max(nbytes, 1),))[:nbytes]
         slot = _Slot(path, nbytes, array)
         with self._lock:

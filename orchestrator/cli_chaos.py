@@ -79,7 +79,12 @@ def run(
     """Run each SCENARIO: its failure-free baseline, its chaos run, and a verdict (PASS or
     FAIL, with what each fault cost)."""
     from stalwart.orchestrator.chaos.render import junit, table
-    from stalwart.orchestrator.chaos.runner import BaselineFailed, ChaosOptions, run_scenario
+    from stalwart.orchestrator.chaos.runner import (
+        BaselineFailed,
+        ChaosOptions,
+        ShmMountFailed,
+        run_scenario,
+    )
     from stalwart.orchestrator.chaos.scenario import job_specs, load_scenario
     from stalwart.orchestrator.compat import UnsupportedDependency
     from stalwart.orchestrator.driver import (
@@ -129,7 +134,7 @@ def run(
         except (ChaosRefused, ClusterUnreachable, JobAlreadyRunning, UnsupportedDependency) as e:
             err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
             sys.exit(EXIT_USAGE)
-        except (BaselineFailed, SupervisorLost) as e:
+        except (BaselineFailed, SupervisorLost, ShmMountFailed) as e:
             err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
             sys.exit(EXIT_FAILED)
         verdicts.append(v)

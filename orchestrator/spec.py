@@ -120,6 +120,12 @@ class CheckpointSpec(_Model):
         "the committed step then lags more (event replication_stride says by how much)",
     )
     persist: PersistSpec = Field(default_factory=PersistSpec)
+    shm_dir: str = Field(
+        "/dev/shm/stalwart",
+        description="where each node keeps its in-memory checkpoints as shared-memory files "
+        "(a memory-backed file system: /dev/shm, a Kubernetes emptyDir with medium Memory); "
+        "when it is missing, too small or full, the node keeps them in its agent's memory",
+    )
 
 
 class FailureSpec(_Model):
@@ -346,11 +352,23 @@ class StorageUnavailable(_FaultBase):
 
 
 class CorruptShard(_FaultBase):
-    """Flip a byte in every shard of ``rank`` that its node's own store holds (damaged
-    memory, a torn write): the next restore from there finds the checksum wrong and
-    restores from another node's copy."""
+    """Flip a byte in every shard of ``rank`` that its node's own store holds, and in the
+    next ``following`` it is handed (damaged memory, a torn write): damaged shards are
+    never copied to peers, and a restore from one finds the checksum wrong and restores
+    from the next source (another node's copy, an older commit)."""
 
     kind: Literal["corrupt_shard"]
+    following: int = Field(5, ge=0, description="later hand-overs damaged too")
+
+
+class FillShm(_FaultBase):
+    """Fill the file system of the node's checkpoint.shm_dir to its last byte for
+    ``seconds`` (another tenant, a leak): new shards no longer fit there and the node keeps
+    them in its agent's memory. Only on a cluster the command started, and a file system of
+    at most 4 GiB (a scenario's cluster.shm_bytes): a larger one would be the machine's RAM."""
+
+    kind: Literal["fill_shm"]
+    seconds: float = Field(30.0, gt=0, description="how long the file system stays full")
 
 
 class KillSupervisor(_FaultBase):
@@ -368,7 +386,8 @@ Fault = Annotated[
     | DropReplicas
     | StorageUnavailable
     | KillSupervisor
-    | CorruptShard,
+    | CorruptShard
+    | FillShm,
     Field(discriminator="kind"),
 ]
 
@@ -488,7 +507,7 @@ def _format_error(err: dict[str, Any]) -> str:
     # Discriminated unions add the tag to the path; users never wrote it.
     loc = re.sub(
         r"(faults\.\d+)\.(kill_worker|kill_node|hang|slow|gpu_xid|drop_replicas|"
-        r"storage_unavailable|kill_supervisor|corrupt_shard)\b",
+        r"storage_unavailable|kill_supervisor|corrupt_shard|fill_shm)\b",
         r"\1",
         loc,
     )

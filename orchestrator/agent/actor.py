@@ -21,6 +21,7 @@ from stalwart.ckpt.snapshot import Snapshot
 from stalwart.ckpt.store import MemoryShardStore, ShardInfo, ShmShardStore
 from stalwart.health.gpu_probe import FakeGpuProbe, GpuProbe, make_probe
 from stalwart.health.xid import GpuReading
+from stalwart.orchestrator.agent.own_store import OwnStore
 from stalwart.orchestrator.agent.replication import Replicator
 from stalwart.orchestrator.chaos import actions as chaos_actions
 
@@ -51,12 +52,9 @@ class NodeAgent:
         root = os.path.join(shm_root, store_key, node_id[:16]) if shm_root else None
         if shm_root and os.path.isdir(shm_root):
             ShmShardStore.reap_orphans(shm_root)
-        if root and ShmShardStore.usable(os.path.dirname(root)):
-            self.store: MemoryShardStore | ShmShardStore = ShmShardStore(root)
-            self.transport = "shm"
-        else:
-            self.store = MemoryShardStore()
-            self.transport = "ray"
+        self.shm_root = shm_root
+        usable = root is not None and ShmShardStore.usable(os.path.dirname(root))
+        self.store = OwnStore(ShmShardStore(root) if usable else None)
         # Copies of the shards of this node's replica-group peers (ckpt/replicas.py), and
         # the thread that sends this node's shards to them.
         self.replicas = MemoryShardStore()
@@ -65,6 +63,7 @@ class NodeAgent:
         self._prune_lock = threading.Lock()
         self._prune_seq: tuple[int, int] = (-1, -1)  # (supervisor incarnation, number)
         self._fence = 0  # hand-overs of generations below this one are refused
+        self._corrupt_next: dict[int, int] = {}  # chaos corrupt_shard: rank -> hand-overs
         self._durable: dict[tuple[str, str], DurableStore] = {}
         self._lock = threading.Lock()
         self._beats: dict[int, dict[str, Any]] = {}
@@ -107,9 +106,11 @@ class NodeAgent:
 
     def store_transport(self) -> str:
         """'shm': write shards into reserve_slot()'s file; 'ray': send them to put_shard()."""
-        return self.transport
+        return self.store.transport
 
-    def reserve_slot(self, rank: int, nbytes: int) -> str:
+    def reserve_slot(self, rank: int, nbytes: int) -> str | None:
+        """A slot file for `rank`'s next shard; None: the node's shared memory has no room
+        (any more), send shards to put_shard()."""
         return self.store.reserve(rank, nbytes)
 
     def release_slot(self, rank: int, path: str) -> None:
@@ -140,7 +141,7 @@ class NodeAgent:
             info = ShardInfo(rank, step, 0)
         else:
             info = self.store.commit(rank, step, skeleton, metas, path, checksum)
-            self.replicator.offer(rank, step)
+            self._after_hand_over(rank, step)
         following = self.store.reserve(rank, reserve_next) if reserve_next is not None else None
         return info, following
 
@@ -152,21 +153,39 @@ class NodeAgent:
         if snapshot.step <= self._refuse_upto or self._stale(generation):
             return ShardInfo(rank, snapshot.step, 0)
         info = self.store.put(rank, snapshot)
-        self.replicator.offer(rank, snapshot.step)
+        self._after_hand_over(rank, snapshot.step)
         return info
 
-    def corrupt_shards(self, rank: int) -> list[int]:
+    def fill_shm(self, seconds: float) -> int:
+        """Chaos fill_shm: this node's checkpoint.shm_dir file system is full for `seconds`
+        (chaos/actions.py refuses a large one). Returns the bytes taken."""
+        os.makedirs(self.shm_root, exist_ok=True)
+        return chaos_actions.fill_file_system(self.shm_root, seconds)
+
+    def corrupt_shards(self, rank: int, following: int = 0) -> list[int]:
         """Chaos corrupt_shard: flip a byte in every shard of `rank` this node's own store
-        holds (as damaged memory or a torn write would); copies held for peers are left
-        alone. Returns the steps hit."""
-        hit = []
-        for step in self.store.stored().get(rank, []):
-            snap = self.store.get(rank, step)
-            if snap is not None and len(snap.payload):
-                payload = snap.payload
-                payload[len(payload) // 2] ^= 0xFF
-                hit.append(step)
-        return hit
+        holds, and in the next `following` it is handed (damaged memory, a torn write);
+        copies held for peers are left alone. Returns the steps hit so far."""
+        with self._lock:
+            self._corrupt_next[rank] = following
+        return [s for s in self.store.stored().get(rank, []) if self._corrupt(rank, s)]
+
+    def _corrupt(self, rank: int, step: int) -> bool:
+        snap = self.store.get(rank, step)
+        if snap is None or not len(snap.payload):
+            return False
+        payload = snap.payload
+        payload[len(payload) // 2] ^= 0xFF
+        return True
+
+    def _after_hand_over(self, rank: int, step: int) -> None:
+        with self._lock:
+            left = self._corrupt_next.get(rank, 0)
+            if left:
+                self._corrupt_next[rank] = left - 1
+        if left:
+            self._corrupt(rank, step)  # chaos corrupt_shard, still at work
+        self.replicator.offer(rank, step)
 
     def discard(self, rank: int, step: int) -> None:
         """A rank could not restore `rank`'s shard of `step` from here (corrupt, torn):
@@ -271,8 +290,7 @@ class NodeAgent:
     def forget(self, rank: int) -> None:
         with self._lock:
             self._beats.pop(rank, None)
-        if isinstance(self.store, ShmShardStore):
-            self.store.release(rank)
+        self.store.release_rank(rank)
 
     def close(self) -> None:
         """Free the node's shards (their shared-memory files) before the agent goes away."""
@@ -410,6 +428,7 @@ class NodeAgent:
                 "stored": self.store.stored(),
                 "replicas": self.replicas.stored(),
                 "held_bytes": self.store.nbytes() + self.replicas.nbytes(),
+                "notes": self.store.take_notes(),
                 "fence": self._fence,
                 "replication": self.replicator.status(),
                 "fired": sorted(self._fired),

@@ -7,7 +7,8 @@ each rank's newest shard waits (older ones are skipped). Skipping can leave rank
 copies of different steps; the supervisor then names one step every rank has
 (`replicate`), which goes first. Shards queued or being sent are pinned, so trimming never
 recycles their memory under the copy. A peer that fails or does not answer in time is
-counted and reported; the step then stays uncommitted.
+counted and reported; the step then stays uncommitted. A shard whose bytes no longer
+match its hand-over checksum is never copied.
 """
 
 from __future__ import annotations
@@ -147,6 +148,13 @@ class Replicator:
             snap = self._store.get(rank, step)
             if snap is None:
                 continue  # dropped meanwhile (a rollback)
+            if not snap.intact():
+                # Damaged here since its hand-over: a copy would spread it. The step stays
+                # uncommitted on this rank (an older commit is the restore point).
+                with self._cv:
+                    self.errors += 1
+                    self.last_error = f"rank {rank}'s shard of step {step} is corrupt: not sent"
+                continue
             shared = ray.put(snap)  # serialized once, read by every peer
             nbytes += snap.nbytes * len(peers)
             for node, peer in peers.items():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -89,6 +90,42 @@ def kill_if_sibling(pid: int) -> bool:
     return False
 
 
+FILL_SHM_MAX_BYTES = 4 << 30  # fill_shm refuses a larger file system: it would be RAM
+
+
+def fill_file_system(directory: str, seconds: float) -> int:
+    """Chaos fill_shm: allocate every free byte of `directory`'s file system in one file,
+    removed after `seconds`. Returns the bytes taken. Refuses a file system larger than
+    FILL_SHM_MAX_BYTES (a machine-sized /dev/shm is the machine's memory)."""
+    st = os.statvfs(directory)
+    total = st.f_blocks * st.f_frsize
+    if total > FILL_SHM_MAX_BYTES:
+        raise RuntimeError(
+            f"fill_shm: {directory} is a {total >> 20} MiB file system, larger than "
+            f"{FILL_SHM_MAX_BYTES >> 20} MiB: filling it would take the machine's memory "
+            "(give the job a small checkpoint.shm_dir, e.g. a scenario's cluster.shm_bytes)"
+        )
+    path = os.path.join(directory, f".stalwart-fill-{os.getpid()}")
+    taken = 0
+    with open(path, "wb") as f:
+        chunk = st.f_bavail * st.f_frsize
+        while chunk >= 4096:
+            try:
+                os.posix_fallocate(f.fileno(), taken, chunk)
+                taken += chunk
+            except OSError:
+                chunk //= 2
+    timer = threading.Timer(seconds, _unlink, (path,))
+    timer.daemon = True
+    timer.start()
+    return taken
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
 def hang_forever() -> None:
     """Block the calling thread as a deadlock would: no exception, no return."""
     while True:
@@ -105,6 +142,7 @@ def carry_out(
     kill_supervisor: Callable[[], None] | None = None,
     kill_job_on_node: Callable[[], None] | None = None,
     corrupt_shards: Callable[[], None] | None = None,
+    fill_shm: Callable[[float], None] | None = None,
 ) -> None:
     kind = fault["kind"]
     if kind == "kill_worker":
@@ -129,5 +167,7 @@ def carry_out(
         kill_supervisor()
     elif kind == "corrupt_shard" and corrupt_shards is not None:
         corrupt_shards()
+    elif kind == "fill_shm" and fill_shm is not None:
+        fill_shm(fault["seconds"])
     else:
         raise ValueError(f"unknown chaos fault kind {kind!r}")

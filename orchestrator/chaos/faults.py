@@ -160,6 +160,16 @@ class FaultBook:
                 fault["live"] = True
             if f.kind == "kill_node":
                 fault["scope"] = self.node_scope
+            if f.kind == "fill_shm" and self.node_scope != "raylet":
+                with self._lock:
+                    self.fired.add(i)
+                emit(
+                    "fault_refused",
+                    **fault,
+                    reason="fill_shm fills a node's shared memory, which the machine's other "
+                    "tenants use too: only on a cluster the command itself started",
+                )
+                continue
             if f.kind == "kill_node" and node_of(f.rank) == home_node:
                 with self._lock:
                     self.fired.add(i)

@@ -26,7 +26,7 @@ from typing import Any
 from stalwart.orchestrator.chaos.render import junit
 from stalwart.orchestrator.chaos.scenario import Scenario, job_specs
 from stalwart.orchestrator.chaos.verdict import Verdict, judge
-from stalwart.orchestrator.driver import RunOptions, check_chaos_allowed, run_job
+from stalwart.orchestrator.driver import ChaosRefused, RunOptions, check_chaos_allowed, run_job
 from stalwart.orchestrator.spec import JobSpec
 
 PACKAGE = Path(__file__).resolve().parents[2]  # the installed `stalwart` package
@@ -81,8 +81,41 @@ def code_version(spec: JobSpec, base_dir: str | None) -> str:
 
 
 def baseline_key(spec: JobSpec, base_dir: str | None) -> str:
-    text = json.dumps(spec.model_dump(mode="json"), sort_keys=True)
+    data = spec.model_dump(mode="json")
+    data["checkpoint"].pop("shm_dir", None)  # where shards live changes no model
+    text = json.dumps(data, sort_keys=True)
     return hashlib.sha256(f"{text}\n{code_version(spec, base_dir)}".encode()).hexdigest()[:24]
+
+
+class ShmMountFailed(RuntimeError):
+    """cluster.shm_bytes: the tmpfs could not be mounted (not root?)."""
+
+
+@contextlib.contextmanager
+def small_shm(nbytes: int | None, where: Path) -> Iterator[str | None]:
+    """A tmpfs of `nbytes` mounted under `where` for the job's checkpoint.shm_dir (a
+    container's small /dev/shm), unmounted on the way out; None when not asked for."""
+    if nbytes is None:
+        yield None
+        return
+    import subprocess
+
+    mount = where / "shm"
+    mount.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={nbytes},mode=1777", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise ShmMountFailed(
+            f"cluster.shm_bytes: cannot mount a {nbytes} byte tmpfs at {mount} (it needs "
+            f"root): {done.stderr.strip() or done.returncode}"
+        )
+    try:
+        yield str(mount / "stalwart")
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 @contextlib.contextmanager
@@ -208,6 +241,11 @@ def baseline_digest(
     return result["model_digest"]
 
 
+def _with_shm(spec: JobSpec, shm_dir: str) -> JobSpec:
+    ckpt = spec.checkpoint.model_copy(update={"shm_dir": shm_dir})
+    return spec.model_copy(update={"checkpoint": ckpt})
+
+
 def run_scenario(
     sc: Scenario,
     opts: ChaosOptions,
@@ -218,7 +256,17 @@ def run_scenario(
     written to OUTPUT/verdict.json and OUTPUT/junit.xml)."""
     clean, faulty = job_specs(sc)
     opts.output.mkdir(parents=True, exist_ok=True)
-    with scenario_cluster(sc, opts) as (address, owned):
+    if sc.cluster.shm_bytes is not None and opts.address is not None and not opts.owns_cluster:
+        raise ChaosRefused(
+            "cluster.shm_bytes mounts a file system on this machine for the job's nodes: "
+            "only on a cluster this command starts (no --address)"
+        )
+    with (
+        small_shm(sc.cluster.shm_bytes, opts.output) as shm_dir,
+        scenario_cluster(sc, opts) as (address, owned),
+    ):
+        if shm_dir is not None:
+            clean, faulty = (_with_shm(spec, shm_dir) for spec in (clean, faulty))
         # Refused before the baseline runs, not after it.
         check_chaos_allowed(
             faulty,

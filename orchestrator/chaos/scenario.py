@@ -56,6 +56,14 @@ class Cluster(_Model):
 
     worker_nodes: StrictInt = Field(0, ge=0, le=16)
     cpus_per_node: StrictInt = Field(2, ge=1)
+    shm_bytes: StrictInt | None = Field(
+        None,
+        ge=16 << 20,
+        le=4 << 30,
+        description="give the job a memory file system of this size for its checkpoints "
+        "(a tmpfs the command mounts and removes: needs root), as a container's small "
+        "/dev/shm would be; for the fill_shm fault",
+    )
 
 
 class Expect(_Model):

@@ -22,6 +22,7 @@ _NOTICED_BY = {
     "storage_unavailable": ("persist_failed",),
     "drop_replicas": (),
     "corrupt_shard": ("restore_source_dropped",),
+    "fill_shm": ("shm_full",),
     "kill_supervisor": ("supervisor_adopted",),
 }
 

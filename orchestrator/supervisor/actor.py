@@ -352,6 +352,8 @@ class JobSupervisor:
         for rep in reports:
             if rep.get("output"):
                 self.output.add(rep["output"])
+            for note in rep.get("notes", ()):  # what a node agent had to say (shm_full)
+                self.events.emit(note["type"], node=rep["node"], reason=note["reason"])
         with self._commit_seen:
             self._commit_seen.notify_all()
         self.ledger.close_recovery(

@@ -167,6 +167,7 @@ class WorkerPool:
                 .remote(
                     node,
                     self.store_key,
+                    shm_root=self.spec.checkpoint.shm_dir,
                     gpu_probe=gpu.probe,
                     gpu_interval_s=gpu.interval_s,
                 )

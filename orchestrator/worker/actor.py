@@ -343,14 +343,20 @@ class TrainWorker:
         # Shared memory: one copy into a slot file the agent reserved (usually in the reply
         # to the previous commit), then one small commit call.
         path, self._next_slot = self._next_slot, None
-        if path is None or path[1] != payload.nbytes:
-            if path is not None:
+        if path is None or path[0] is None or path[1] != payload.nbytes:
+            if path is not None and path[0] is not None:
                 self.agent.release_slot.remote(self.rank, path[0])
             path = (
                 ray.get(self.agent.reserve_slot.remote(self.rank, payload.nbytes)),
                 payload.nbytes,
             )
         path = path[0]
+        if path is None:
+            # The node's shared memory is full: through Ray from now on (the agent said why).
+            self._transport = "ray"
+            shard = Snapshot(snap.step, snap.skeleton, snap.metas, payload, checksum)
+            ray.get(self.agent.put_shard.remote(self.rank, shard, self.generation))
+            return
         mapped = self._maps.pop(path, None)
         if mapped is None:
             mapped = np.memmap(path, dtype=np.uint8, mode="r+", shape=(max(payload.nbytes, 1),))
@@ -413,7 +419,10 @@ class TrainWorker:
             drop_replicas=lambda: ray.get(self.agent.wipe.remote(fault["at_step"])),
             storage_outage=lambda seconds: ray.get(self.supervisor.storage_outage.remote(seconds)),
             kill_supervisor=lambda: ray.kill(self.supervisor, no_restart=True),
-            corrupt_shards=lambda: ray.get(self.agent.corrupt_shards.remote(self.rank)),
+            corrupt_shards=lambda: ray.get(
+                self.agent.corrupt_shards.remote(self.rank, fault["following"])
+            ),
+            fill_shm=lambda seconds: ray.get(self.agent.fill_shm.remote(seconds)),
             kill_job_on_node=lambda: ray.get(
                 self.agent.kill_job_here.remote(os.getpid()), timeout=10
             ),
