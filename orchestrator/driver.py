@@ -389,6 +389,13 @@ class _Follower:
                     break
                 update = ray.get(self.supervisor.poll.remote(self.seen, self.output_seen))
                 self._take_output(update.get("output"))
+            if update.get("events_missed"):
+                self.note(
+                    "events_missed",
+                    count=update["events_missed"],
+                    reason="the supervisor let them go before they were fetched (it keeps "
+                    "only its newest events in memory)",
+                )
             for event in update["events"]:
                 if event["type"] == "failure_closed":
                     self._closed.append(event["record"])
@@ -398,7 +405,8 @@ class _Follower:
                     event = self._write_stacks(event)
                 self.events_file.write(json.dumps(event) + "\n")
             self.events_file.flush()
-            self.seen += len(update["events"])
+            if update["events"]:
+                self.seen = update["events"][-1]["seq"] + 1
             self.last_progress = update["progress"]
             if self.on_progress:
                 self.on_progress(update["progress"], update["events"])

@@ -1,4 +1,8 @@
-"""The job's event log: an append-only list of JSON-able dicts, read by offset."""
+"""The job's event log: an append-only sequence of JSON-able dicts, read by offset.
+
+The driver streams it to OUTPUT/events.jsonl as it goes; the supervisor keeps only the
+newest `keep` events (a month-long run writes a throughput event every second, and every
+hang's stacks), so a driver that falls that far behind is told how many it missed."""
 
 from __future__ import annotations
 
@@ -11,9 +15,14 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+EVENTS_KEPT = 20_000  # in the supervisor's memory, at most (about 10 MB)
+
+
 class EventLog:
-    def __init__(self, clock: Callable[[], float] = time.time):
+    def __init__(self, clock: Callable[[], float] = time.time, keep: int = EVENTS_KEPT):
         self._events: list[dict[str, Any]] = []
+        self._first = 0  # the seq of _events[0]: older ones were let go
+        self._keep = keep
         self._lock = threading.Lock()
         self._clock = clock
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
@@ -28,8 +37,13 @@ class EventLog:
             raise ValueError(f"event fields may not be named ts, type or seq: {sorted(fields)}")
         event = {"ts": round(self._clock(), 6), "type": type_, **fields}
         with self._lock:
-            event["seq"] = len(self._events)
+            event["seq"] = self._first + len(self._events)
             self._events.append(event)
+            if len(self._events) > self._keep + self._keep // 4:
+                # Amortized: let the oldest quarter go at once.
+                drop = len(self._events) - self._keep
+                del self._events[:drop]
+                self._first += drop
         for listener in self._listeners:
             try:
                 listener(event)
@@ -38,13 +52,20 @@ class EventLog:
         return event
 
     def since(self, offset: int) -> list[dict[str, Any]]:
+        """Events numbered `offset` on (those still kept)."""
         with self._lock:
-            return list(self._events[offset:])
+            return list(self._events[max(offset - self._first, 0) :])
+
+    def missed(self, offset: int) -> int:
+        """How many events from `offset` on are no longer kept."""
+        with self._lock:
+            return max(self._first - offset, 0)
 
     def of_type(self, type_: str) -> list[dict[str, Any]]:
         with self._lock:
             return [e for e in self._events if e["type"] == type_]
 
     def __len__(self) -> int:
+        """Events emitted in all (kept or not)."""
         with self._lock:
-            return len(self._events)
+            return self._first + len(self._events)

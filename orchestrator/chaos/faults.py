@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from stalwart.health.observations import FailureKind, WorkerFailure
-from stalwart.orchestrator.spec import Fault, _format_error
+from stalwart.orchestrator.spec import Fault, JobSpec, _format_error
 
 _FAULT = TypeAdapter(Fault)
 
@@ -85,14 +85,19 @@ class FaultBook:
         self,
         request: dict[str, Any],
         step: int,
-        total_steps: int,
+        spec: JobSpec,
+        owned: bool,
         ranks_on: Callable[[str], list[int]],
-        world: int,
     ) -> dict[str, Any]:
         """A fault for the running job (`stalwart chaos inject`): `request` has the kind,
-        `rank` or `node` (an id or a unique prefix of one), and the kind's own fields. It
-        fires before the target rank's next step (`step` + 1). Returns it as a generation
-        carries it (`live`: at that step or the first after)."""
+        `rank` or `node` (an id or a unique prefix of one), the kind's own fields, who
+        asked (`by`) and `allow_remote`. It fires before the target rank's next step
+        (`step` + 1). Returns it as a generation carries it (`live`: at that step or the
+        first after); InjectRefused says why not (the opt-ins `owned` does not waive)."""
+        refused = self.refusal(spec.name, owned, spec.chaos.enabled, request)
+        if refused:
+            raise InjectRefused(refused)
+        world, total_steps = spec.max_workers, spec.steps
         req = {k: v for k, v in request.items() if k not in ("by", "node", "allow_remote")}
         node = request.get("node")
         if node is not None:

@@ -33,6 +33,7 @@ from stalwart.orchestrator.supervisor.checkpoints import Checkpoints
 from stalwart.orchestrator.supervisor.detect import Detection
 from stalwart.orchestrator.supervisor.elastic import Elastic
 from stalwart.orchestrator.supervisor.generation import Generation
+from stalwart.orchestrator.supervisor.lease import LeaseKeeper
 from stalwart.orchestrator.supervisor.ledger import Ledger
 from stalwart.orchestrator.supervisor.output import OutputLog
 from stalwart.orchestrator.supervisor.pool import WorkerPool
@@ -113,6 +114,8 @@ class JobSupervisor:
     def run(self) -> dict[str, Any]:
         self.pool.supervisor = ray.get_runtime_context().current_actor
         self._start_exporter()
+        leases = LeaseKeeper(lambda: list(self.pool.agents.values()))
+        leases.start()
         try:
             self._set(JobState.SCHEDULING, f"placing {self.pool.world} workers")
             if self.adopt:
@@ -151,6 +154,7 @@ class JobSupervisor:
             if not self.sm.state.terminal:
                 self._set(JobState.FAILED, self.ledger.error["message"])
         finally:
+            leases.stop()
             self.ledger.ended_at = time.time()
             try:
                 self._refresh_metrics()  # the final values, for the last scrapes
@@ -163,7 +167,11 @@ class JobSupervisor:
     def poll(self, since: int = 0, output_since: int | None = None) -> dict[str, Any]:
         """Events from number `since` on, the progress, and (with `output_since`) the
         lines the ranks printed from that number on."""
-        update = {"events": self.events.since(since), "progress": self.progress()}
+        update = {
+            "events": self.events.since(since),
+            "events_missed": self.events.missed(since),
+            "progress": self.progress(),
+        }
         if output_since is not None:
             update["output"] = self.output.since(output_since)
         return update
@@ -184,22 +192,18 @@ class JobSupervisor:
         """`stalwart chaos inject`: a fault into the running job, fired before its target
         rank's next step. Returns {"fault": ...} or {"error": why}; recorded in the event
         log with who asked (`by`), what and when."""
-        refused = self.faults.refusal(
-            self.spec.name, self.owned_cluster, self.spec.chaos.enabled, request
-        )
-        if refused:
-            return {"error": refused}
         if self.sm.state is not JobState.RUNNING:
             return {"error": f"job {self.spec.name} is {self.sm.state.value}, not RUNNING"}
         try:
             with self._lock:
                 fault = self.faults.add_live(
-                    request, self._step(), self.spec.steps, self.pool.ranks_on, self.pool.world
+                    request, self._step(), self.spec, self.owned_cluster, self.pool.ranks_on
                 )
         except InjectRefused as e:
             return {"error": str(e)}
         self.events.emit("fault_requested", **fault, by=request.get("by"))
-        self.pool.workers[fault["rank"]].add_fault.remote(fault)
+        if fault["rank"] in self.pool.workers:  # else the rank's next worker carries it
+            self.pool.workers[fault["rank"]].add_fault.remote(fault)
         return {"fault": fault}
 
     def await_commit(self, at_step: int, timeout_s: float = COMMIT_WAIT_S) -> int | None:

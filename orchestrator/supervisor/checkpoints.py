@@ -49,6 +49,10 @@ class Checkpoints:
         # rank -> (node or None for storage, whose shard, step, tier) of its last restore
         self.last_sources: dict[int, tuple[str | None, int, int, str | None]] = {}
         self.bad_durable: set[int] = set()  # durable steps a rank could not restore
+        # The newest step committed with its copies (not merely complete in memory, as a
+        # roll back's restore point may be): kept until a newer one is, so a restore that
+        # fails on a single copy has it to fall back on.
+        self.safe: int | None = None
         self.plan = ReplicaPlan(spec.checkpoint, pool, emit)
         # rank -> whose shard it restores (a rank added by a grow, until it has its own)
         self.borrowed: dict[int, int] = {}
@@ -83,6 +87,8 @@ class Checkpoints:
             if node not in lost
         ]
         committed = self.commit.observe(self.plan.replicated(own, live))
+        if committed != before and committed is not None:
+            self.safe = committed
         for rank in [r for r in self.borrowed if committed in merged.get(r, ())]:
             del self.borrowed[rank]  # a grown rank's own shard is committed now
         self.plan.replicate(own, committed, self.replication)
@@ -117,6 +123,8 @@ class Checkpoints:
         the steps persistence still needs and each rank's newest few; drop everything
         below the oldest retained commit. `step`: the job's newest step now."""
         keep = set(self.commit.retained)
+        if self.safe is not None:
+            keep.add(self.safe)
         if self.plan.replicating is not None:
             keep.add(self.plan.replicating[0])
         if self.persister is not None:
@@ -216,6 +224,8 @@ class Checkpoints:
                     + ("" if self.persister else " (checkpoint.persist.uri is not set)"),
                 )
         restore = durable.step if durable is not None else self.commit.committed
+        if self.safe is not None and (restore is None or self.safe > restore):
+            self.safe = None  # dropped with everything above the restore point
         self.commit.rollback(self.commit.committed if self.commit.committed is not None else -1)
         self.plan.replicating, self._kept, self._dropped_below = None, (), None
         self._prune_seq += 1

@@ -102,3 +102,15 @@ def test_concurrent_emits_get_unique_dense_seq(clock):
     events = log.since(0)
     assert len(events) == n_threads * per_thread
     assert [e["seq"] for e in events] == list(range(n_threads * per_thread))
+
+
+def test_a_long_run_keeps_a_bounded_window_and_says_what_a_reader_missed(clock):
+    log = EventLog(clock, keep=100)
+    for i in range(1000):
+        log.emit("throughput", i=i)
+    assert len(log) == 1000  # numbered on, whatever is kept
+    kept = log.since(0)
+    assert 100 <= len(kept) <= 125
+    assert kept[-1]["seq"] == 999 and [e["seq"] for e in kept] == list(range(kept[0]["seq"], 1000))
+    assert log.missed(0) == kept[0]["seq"]
+    assert log.missed(990) == 0 and [e["i"] for e in log.since(990)] == list(range(990, 1000))

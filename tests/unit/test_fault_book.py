@@ -13,6 +13,18 @@ from stalwart.orchestrator.spec import validate
 from stalwart.orchestrator.supervisor.ledger import Ledger
 
 
+def _spec(*faults, enabled=False):
+    return validate(
+        {
+            "name": "j",
+            "entrypoint": "m:f",
+            "workers": 4,
+            "steps": 100,
+            "chaos": {"enabled": enabled, "faults": list(faults)},
+        }
+    )
+
+
 def _book(*faults, scope="job") -> FaultBook:
     spec = validate(
         {
@@ -50,26 +62,36 @@ def test_kill_node_carries_its_scope():
 
 def test_live_faults_fire_at_the_next_step_and_name_their_target():
     book = _book()
+    SPEC = _spec()
     ranks_on = {"abc123": [2, 3]}.get
-    f = book.add_live({"kind": "kill_worker", "rank": 1, "by": "u@h"}, 41, 100, ranks_on, 4)
+    f = book.add_live({"kind": "kill_worker", "rank": 1, "by": "u@h"}, 41, SPEC, True, ranks_on)
     assert (f["index"], f["rank"], f["at_step"], f["live"]) == (0, 1, 42, True)
-    f = book.add_live({"kind": "slow", "node": "abc123", "factor": 4}, 99, 100, ranks_on, 4)
+    f = book.add_live({"kind": "slow", "node": "abc123", "factor": 4}, 99, SPEC, True, ranks_on)
     assert (f["rank"], f["at_step"], f["factor"]) == (2, 99, 4.0)  # never past the end
     # Unfired live faults ride the next generation as live ones (fire at or after).
     assert [g.get("live") for g in _gen(book)] == [True, True]
     with pytest.raises(InjectRefused, match="no rank of this job runs on a node"):
-        book.add_live({"kind": "kill_node", "node": "zzz"}, 1, 100, ranks_on, 4)
+        book.add_live({"kind": "kill_node", "node": "zzz"}, 1, SPEC, True, ranks_on)
     with pytest.raises(InjectRefused, match="rank: must be < workers"):
-        book.add_live({"kind": "kill_worker", "rank": 7}, 1, 100, ranks_on, 4)
+        book.add_live({"kind": "kill_worker", "rank": 7}, 1, SPEC, True, ranks_on)
     with pytest.raises(InjectRefused, match="not both"):
-        book.add_live({"kind": "kill_node", "rank": 1, "node": "abc"}, 1, 100, ranks_on, 4)
+        book.add_live({"kind": "kill_node", "rank": 1, "node": "abc"}, 1, SPEC, True, ranks_on)
     with pytest.raises(InjectRefused, match="xid"):
-        book.add_live({"kind": "gpu_xid", "rank": 1}, 1, 100, ranks_on, 4)
+        book.add_live({"kind": "gpu_xid", "rank": 1}, 1, SPEC, True, ranks_on)
     with pytest.raises(InjectRefused):
-        book.add_live({"kind": "explode", "rank": 1}, 1, 100, ranks_on, 4)
+        book.add_live({"kind": "explode", "rank": 1}, 1, SPEC, True, ranks_on)
 
 
 def test_live_faults_need_both_opt_ins_on_a_cluster_not_started_by_the_job():
+    book = _book()
+    ranks_on = {"abc": [0]}.get
+    request = {"kind": "kill_worker", "rank": 1}
+    with pytest.raises(InjectRefused, match="--allow-remote"):
+        book.add_live(request, 1, _spec(enabled=True), False, ranks_on)
+    fault = book.add_live(
+        {**request, "allow_remote": True}, 1, _spec(enabled=True), False, ranks_on
+    )
+    assert fault["rank"] == 1
     assert FaultBook.refusal("j", True, False, {}) is None
     assert FaultBook.refusal("j", False, True, {"allow_remote": True}) is None
     both = FaultBook.refusal("j", False, False, {})
