@@ -218,9 +218,18 @@ def run_job(
                     result = follower.follow()
                     break
                 except KeyboardInterrupt:
-                    # Cancel cleanly: the supervisor aborts the workers and still reports.
+                    # Cancel cleanly: the supervisor aborts the workers and still reports,
+                    # within CANCEL_WAIT_S (or until a second Ctrl-C); else it is stopped.
                     follower.supervisor.cancel.remote()
-                    result = follower.follow()
+                    try:
+                        result = follower.follow(deadline=time.monotonic() + CANCEL_WAIT_S)
+                    except (KeyboardInterrupt, _CancelTimeout) as e:
+                        why = (
+                            "a second Ctrl-C"
+                            if isinstance(e, KeyboardInterrupt)
+                            else f"it had not stopped {CANCEL_WAIT_S:g} s after the cancel"
+                        )
+                        result = _force_stop(follower, spec, store_key, why)
                     break
                 except ray.exceptions.RayActorError as e:
                     # The supervisor died (its process, or a chaos kill_supervisor).
@@ -334,6 +343,64 @@ def _head_node() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
+CANCEL_WAIT_S = 30.0  # a cancelled job's supervisor has this long to report
+
+
+class _CancelTimeout(Exception):
+    pass
+
+
+def _force_stop(follower: _Follower, spec: JobSpec, store_key: str, why: str) -> dict:
+    """Stop a cancelled job whose supervisor did not report in time: kill it (its workers
+    go with it) and the job's node agents (detached: they would hold the nodes' memory for
+    their lease), and make the result from the last progress seen."""
+    import ray
+
+    from stalwart.orchestrator.supervisor.pool import AGENT_PREFIX
+
+    with contextlib.suppress(Exception):
+        ray.kill(follower.supervisor, no_restart=True)
+    prefix = f"{AGENT_PREFIX}{store_key}-"
+    with contextlib.suppress(Exception):
+        for actor in ray.util.list_named_actors(all_namespaces=True):
+            if actor["namespace"] == "stalwart" and actor["name"].startswith(prefix):
+                with contextlib.suppress(Exception):
+                    ray.kill(ray.get_actor(actor["name"], namespace="stalwart"), no_restart=True)
+    p = follower.last_progress or {}
+    reason = f"cancelled; the supervisor was stopped ({why})"
+    follower.note("state", old=p.get("state"), new="CANCELLED", reason=reason)
+    return {
+        "name": spec.name,
+        "metrics_url": None,
+        "status": "cancelled",
+        "steps_completed": p.get("step", 0),
+        "total_steps": spec.steps,
+        "final_loss": p.get("loss"),
+        "model_digest": None,
+        "workers": p.get("workers", spec.max_workers),
+        "resizes": [],
+        "generations": p.get("generation", 0),
+        "restarts": p.get("restarts", 0),
+        "failures": follower.account()["failures"],
+        "lost_steps_total": sum(f.get("steps_redone") or 0 for f in follower.account()["failures"]),
+        "wall_seconds": round(time.time() - follower.started, 3),
+        "training_seconds": None,
+        "goodput": p.get("goodput"),
+        "steps_per_second": None,
+        "samples_per_second": None,
+        "committed_step": p.get("committed_step"),
+        "cordoned": [],
+        "lost_nodes": [],
+        "stragglers": [],
+        "checkpoint": None,
+        "replication": None,
+        "persist": None,
+        "resumed_from": None,
+        "supervisor_restarts": 0,
+        "error": {"message": reason},
+    }
+
+
 class _Follower:
     """Polls the supervisor: appends new events to events.jsonl, feeds the progress view."""
 
@@ -357,6 +424,7 @@ class _Follower:
         self.seen = 0
         self.output_seen = 0
         self.last_progress: dict[str, Any] | None = None
+        self.started = time.time()
         self._closed: list[dict[str, Any]] = []  # failure_closed records, every supervisor's
         self._recoveries = 0
 
@@ -377,12 +445,22 @@ class _Follower:
         """Follow a new supervisor (its event log starts at 0)."""
         self.supervisor, self.done, self.seen, self.output_seen = supervisor, done, 0, 0
 
-    def follow(self) -> dict[str, Any]:
+    def follow(self, deadline: float | None = None) -> dict[str, Any]:
+        """Until the supervisor's run() returns (its result); past `deadline` (monotonic),
+        _CancelTimeout."""
         import ray
 
         while True:
+            if deadline is not None and time.monotonic() > deadline:
+                raise _CancelTimeout()
             finished, _ = ray.wait([self.done], timeout=POLL_INTERVAL_S)
-            update = ray.get(self.supervisor.poll.remote(self.seen, self.output_seen))
+            left = None if deadline is None else max(deadline - time.monotonic(), 1.0)
+            try:
+                update = ray.get(
+                    self.supervisor.poll.remote(self.seen, self.output_seen), timeout=left
+                )
+            except ray.exceptions.GetTimeoutError:
+                raise _CancelTimeout() from None
             self._take_output(update.get("output"))
             for _ in range(20):  # a burst of lines: take the rest now, not a poll later
                 if not (update.get("output") or {}).get("more"):
