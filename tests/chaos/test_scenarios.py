@@ -47,13 +47,129 @@ def cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("chaos-cache")
 
 
+def _of(events: list[dict], kind: str) -> list[dict]:
+    return [e for e in events if e["type"] == kind]
+
+
+# What each scenario shows beyond its verdict (these were component tests of their own).
+
+
+def _kill_worker(result, events, verdict):
+    [f] = result["failures"]
+    assert (f["kind"], f["rank"], f["step"], f["injected"]) == ("worker_died", 1, 30, True)
+    assert f["steps_redone"] <= 1  # checkpoint.every_steps
+    assert 0 <= f["detected_after_s"] < f["recovered_after_s"]
+    assert set(f["phases_s"]) >= {
+        "detect",
+        "decide",
+        "abort",
+        "replace",
+        "rendezvous",
+        "restore",
+        "first_step",
+    }
+    assert result["steps_completed"] == result["total_steps"]
+
+
+def _hang(result, events, verdict):
+    [f] = result["failures"]
+    assert (f["kind"], f["rank"], f["injected"]) == ("hung", 2, True)
+    assert f["detected_after_s"] <= 10.0 + 1.0, f  # health.hang_timeout_s + a poll
+    [hang] = _of(events, "hang")
+    assert hang["culprits"] == [2] and sorted(hang["waiting"]) == [0, 1, 3]
+    [stacks] = _of(events, "stacks")
+    assert sorted(map(int, stacks["files"])) == [0, 1, 2, 3]
+    assert "hang_forever" in Path(stacks["files"]["2"]).read_text()
+    waiting = Path(stacks["files"]["0"]).read_text()
+    assert "Thread" in waiting and "hang_forever" not in waiting
+
+
+def _kill_node(result, events, verdict):
+    rank = verdict.faults[0].rank
+    [lost] = _of(events, "node_lost")
+    dead = lost["node"]
+    assert rank in lost["ranks"] and result["lost_nodes"] == [dead]
+    failures = [f for f in result["failures"] if f["kind"] == "node_lost"]
+    assert sorted(f["rank"] for f in failures) == sorted(lost["ranks"])
+    assert all(f["injected"] and f["detected_after_s"] <= 3.0 + 1.0 for f in failures), failures
+    [replaced] = _of(events, "replaced")
+    assert set(map(int, replaced["ranks"])) == set(lost["ranks"])
+    assert all(r["node"] != dead for r in replaced["ranks"].values())
+    # Its ranks' shards have copies on a peer (checkpoint.replicas: 2): no start over.
+    assert _of(events, "restart_from_scratch") == []
+    gen2 = _of(events, "generation")[1]
+    n = len(lost["ranks"])
+    assert set(map(int, gen2["restored_remotely"])) == set(lost["ranks"])
+    assert set(gen2["restored_remotely"].values()) == {"peer"}
+    assert gen2["restore_tiers"] == {"memory": 4 - n, "peer": n}
+    [recovered] = _of(events, "recovered")
+    assert recovered["restore_tiers"] == gen2["restore_tiers"]
+    # The node died once its step was committed (after_commit): it resumes there or later.
+    [fault] = _of(events, "fault_injected")
+    assert fault["committed_step"] is not None
+    assert gen2["restore_step"] >= fault["committed_step"]
+    assert result["replication"]["copies"] == 2
+
+
+def _gpu_xid(result, events, verdict):
+    [fatal] = _of(events, "gpu_fatal")
+    node = fatal["node"]
+    assert "Xid 79" in fatal["reason"]
+    assert [c["node"] for c in result["cordoned"]] == [node]
+    assert {f["kind"] for f in result["failures"]} == {"gpu_fatal"}
+    assert sorted(f["rank"] for f in result["failures"]) == sorted(fatal["ranks"])
+    [replaced] = _of(events, "replaced")
+    assert all(r["node"] != node for r in replaced["ranks"].values())
+
+
+def _kill_supervisor(result, events, verdict):
+    assert result["supervisor_restarts"] == 1
+    [lost] = _of(events, "supervisor_lost")
+    assert lost["restarts"] == 1 and "node agents' memory" in lost["reason"]
+    [adopted] = _of(events, "supervisor_adopted")
+    assert adopted["agents"]  # the node agents outlived the supervisor
+    [resume] = [e for e in _of(events, "resume") if e["step"] is not None]
+    assert 1 <= resume["step"] <= 40, resume  # from memory, not from step 0
+    first = next(e for e in events[events.index(adopted) :] if e["type"] == "generation")
+    assert first["restore_step"] == resume["step"]
+    assert set(first["restore_tiers"]) <= {"memory", "peer"}
+    # The fault is not carried out again by the new supervisor's workers.
+    assert result["steps_completed"] == result["total_steps"]
+
+
+def _corrupt_shard(result, events, verdict):
+    dropped = _of(events, "restore_source_dropped")
+    assert dropped and {e["rank"] for e in dropped} == {1}
+    restored = [f for f in result["failures"] if f["kind"] == "restore_failed"]
+    assert restored and all(f["fault_index"] == 0 for f in restored)
+
+
+def _full_shm(result, events, verdict):
+    [full] = _of(events, "shm_full")
+    assert "no room" in full["reason"] and "agent's memory" in full["reason"]
+    assert result["checkpoint"]["errors"] == 0
+
+
+EXTRA = {
+    "kill-worker": _kill_worker,
+    "hang": _hang,
+    "kill-node": _kill_node,
+    "gpu-xid": _gpu_xid,
+    "kill-supervisor": _kill_supervisor,
+    "corrupt-shard": _corrupt_shard,
+    "full-shm": _full_shm,
+}
+# Fewer steps in CI than the example's 2,000 after the restart; enough to see a leak.
+OVERRIDES = {"supervisor-restart": ["job.set=[steps=700]"]}
+
+
 def _failed(verdict) -> list[str]:
     return [f"{c.name}: {c.detail}" for c in verdict.checks if not c.ok]
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_example_scenario_passes(name, cluster, cache, tmp_path):
-    sc = load_scenario(EXAMPLES / f"{name}.yaml")
+    sc = load_scenario(EXAMPLES / f"{name}.yaml", OVERRIDES.get(name, []))
     cluster.ensure_worker_nodes(max(3, sc.cluster.worker_nodes), exactly=True)
     opts = ChaosOptions(
         output=tmp_path / name,
@@ -69,6 +185,11 @@ def test_example_scenario_passes(name, cluster, cache, tmp_path):
     assert on_disk["passed"] is True and on_disk["scenario"] == name
     suite = ET.parse(tmp_path / name / "junit.xml").getroot().find("testsuite")
     assert suite.get("failures") == "0" and int(suite.get("tests")) == len(verdict.checks)
+    run = tmp_path / name / "chaos"
+    result = json.loads((run / "result.json").read_text())
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    if name in EXTRA:
+        EXTRA[name](result, events, verdict)
     if name == "storm":
         assert len(verdict.faults) >= 12
         during = [r for r, f in zip(verdict.faults, sc.faults, strict=True) if f.get("during")]

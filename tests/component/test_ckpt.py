@@ -23,38 +23,6 @@ from tests.component.multinode import WORKER_NODE_CPUS
 pytestmark = [pytest.mark.component, pytest.mark.timeout(420)]
 
 
-def test_kill_node_with_two_replicas_restores_from_peer_memory(mrun, mbaseline):
-    every = 10
-    spec = small_spec(
-        steps=60,
-        checkpoint={"every_steps": every, "replicas": 2},
-        chaos__faults=[{"kind": "kill_node", "rank": 1, "at_step": 35, "after_commit": True}],
-    )
-    result = mrun(spec)
-    assert result["status"] == "succeeded", result["error"]
-    [plan] = events_of(result, "replica_plan")[:1]
-    assert plan["copies"] == 2
-    [lost] = events_of(result, "node_lost")
-    assert events_of(result, "restart_from_scratch") == []
-    gen2 = events_of(result, "generation")[1]
-    # The lost node's ranks restore from a peer's memory, the others from their own.
-    assert set(map(int, gen2["restored_remotely"])) == set(lost["ranks"])
-    assert set(gen2["restored_remotely"].values()) == {"peer"}
-    assert gen2["restore_tiers"] == {"memory": 4 - len(lost["ranks"]), "peer": len(lost["ranks"])}
-    [recovered] = events_of(result, "recovered")
-    assert recovered["restore_tiers"] == gen2["restore_tiers"]
-    # The node died once the step-30 snapshot was committed (after_commit): it resumes
-    # there, at most every_steps steps redone.
-    [fault] = events_of(result, "fault_injected")
-    assert fault["committed_step"] == 30
-    assert gen2["restore_step"] == 30
-    for f in result["failures"]:
-        assert f["steps_redone"] <= every, f
-    assert result["replication"]["copies"] == 2
-    assert result["replication"]["errors"] == 0 or result["replication"]["sent_bytes"] > 0
-    assert result["model_digest"] == mbaseline(spec)["model_digest"]
-
-
 def test_one_replica_loses_the_node_shards_and_starts_over_exactly(mrun, mbaseline):
     spec = small_spec(
         steps=40,
@@ -280,32 +248,6 @@ def test_storage_outage_training_goes_on_and_persistence_catches_up(mrun, mbasel
     inside, _ = store.newest_valid(world_size=4, at_most=failed[0]["step"])
     assert inside is None or inside.step < failed[0]["step"]
     assert result["model_digest"] == mbaseline(_without_persist(spec))["model_digest"]
-
-
-def test_kill_supervisor_the_job_goes_on_from_the_agents_memory(mrun, mbaseline):
-    spec = small_spec(
-        name="headless",
-        steps=80,
-        checkpoint={"every_steps": 1, "replicas": 2},
-        chaos__faults=[{"kind": "kill_supervisor", "rank": 0, "at_step": 30}],
-    )
-    result = mrun(spec)
-    assert result["status"] == "succeeded", result["error"]
-    assert result["supervisor_restarts"] == 1
-    [lost] = events_of(result, "supervisor_lost")
-    assert lost["restarts"] == 1 and "node agents' memory" in lost["reason"]
-    [adopted] = events_of(result, "supervisor_adopted")
-    assert adopted["agents"], adopted  # the node agents outlived the supervisor
-    [resume] = [e for e in events_of(result, "resume") if e["step"] is not None]
-    assert 1 <= resume["step"] <= 30, resume  # from memory, not from step 0
-    first = next(
-        e for e in result["events"][result["events"].index(adopted) :] if e["type"] == "generation"
-    )
-    assert first["restore_step"] == resume["step"]
-    assert set(first["restore_tiers"]) <= {"memory", "peer"}
-    # The fault is not carried out again by the new supervisor's workers.
-    assert result["steps_completed"] == 80
-    assert result["model_digest"] == mbaseline(spec)["model_digest"]
 
 
 def test_sharded_optimizer_kill_node_restores_each_ranks_own_shard_exactly(
