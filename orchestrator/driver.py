@@ -431,7 +431,11 @@ class _Follower:
     def account(self) -> dict[str, Any]:
         """What a successor supervisor carries on: the failures recovered so far and the
         number of recoveries (the restart budget spent)."""
-        return {"failures": list(self._closed), "recoveries": self._recoveries}
+        return {
+            "failures": list(self._closed),
+            "recoveries": self._recoveries,
+            "started_at": self.started,  # the job's wall time spans every supervisor
+        }
 
     def note(self, kind: str, **fields: Any) -> None:
         """An event of the driver's own (the supervisor that would log it is gone)."""

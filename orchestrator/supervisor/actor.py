@@ -107,6 +107,7 @@ class JobSupervisor:
         if adopt:
             # What the dead supervisor's account held (the driver kept its events).
             self.ledger.carry(adopt.get("failures", []))
+            self.ledger.started_at = adopt.get("started_at", self.ledger.started_at)
             self.recovery.restarts = adopt.get("recoveries", 0)
 
     # --- public API (called by the driver, the CLI and the workers) --------------------------
