@@ -32,14 +32,9 @@ SCENARIOS = sorted(p.stem for p in EXAMPLES.glob("*.yaml") if p.name != "job.yam
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    from tests.component.multinode import MultiNode
-
-    mn = MultiNode()
-    try:
-        yield mn
-    finally:
-        mn.shutdown()
+def cluster(multinode):
+    """This module's multi-node Ray (tests/component/conftest.py's `multinode`)."""
+    return multinode
 
 
 @pytest.fixture(scope="module")
