@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from stalwart.orchestrator.chaos.render import junit
-from stalwart.orchestrator.chaos.scenario import Scenario, job_specs
+from stalwart.orchestrator.chaos.scenario import Scenario, TimedFault, job_specs
 from stalwart.orchestrator.chaos.verdict import Verdict, judge
 from stalwart.orchestrator.driver import ChaosRefused, RunOptions, check_chaos_allowed, run_job
 from stalwart.orchestrator.spec import JobSpec
@@ -188,6 +188,59 @@ class AlertWatch:
         return dict(self.fired)
 
 
+class TimedInjector:
+    """Injects the scenario's timed faults into the running chaos job (through its
+    supervisor, as `stalwart chaos inject` does): each at its offset after the job first
+    reached RUNNING. What each injection answered is kept for the verdict."""
+
+    def __init__(self, timed: list[TimedFault], job: str, events: Path, allow_remote: bool):
+        self.timed = timed
+        self.job = job
+        self.events = events
+        self.allow_remote = allow_remote
+        self.answers: list[tuple[TimedFault, dict[str, Any]]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="chaos-timed", daemon=True)
+        if timed:
+            self._thread.start()
+
+    def _running_since(self) -> float | None:
+        with contextlib.suppress(OSError, ValueError):
+            for line in self.events.read_text().splitlines():
+                e = json.loads(line)
+                if e.get("type") == "state" and e.get("new") == "RUNNING":
+                    return e["ts"]
+        return None
+
+    def _loop(self) -> None:
+        import ray
+
+        started = None
+        while started is None and not self._done.wait(0.2):
+            started = self._running_since()
+        for t in self.timed:
+            if self._done.wait(max(started + t.after_s - time.time(), 0.0)):
+                break
+            request = {**t.fault, "by": "stalwart chaos run", "allow_remote": self.allow_remote}
+            try:
+                sup = ray.get_actor(f"stalwart-{self.job}", namespace="stalwart")
+                answer = ray.get(sup.inject.remote(request), timeout=30)
+            except Exception as e:  # the job ended, or its supervisor is being replaced
+                answer = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            self.answers.append((t, answer))
+
+    def finish(self) -> list[tuple[TimedFault, dict[str, Any]]]:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=40)
+        done = {id(t) for t, _ in self.answers}
+        return self.answers + [
+            (t, {"error": "the job ended before its time came"})
+            for t in self.timed
+            if id(t) not in done
+        ]
+
+
 def _run(spec: JobSpec, out: Path, address: str | None, owned: bool, opts: ChaosOptions, **kw):
     ropts = RunOptions(
         address=address,
@@ -279,11 +332,25 @@ def run_scenario(
             if opts.prometheus_url
             else None
         )
-        result = _run(faulty, opts.output / "chaos", address, owned, opts, on_progress=on_progress)
+        events_path = opts.output / "chaos" / "events.jsonl"
+        timed = sc.resolved(faulty.max_workers)[1]
+        injector = TimedInjector(timed, faulty.name, events_path, opts.allow_remote)
+        try:
+            result = _run(
+                faulty, opts.output / "chaos", address, owned, opts, on_progress=on_progress
+            )
+        finally:
+            injected = injector.finish()
         alerts = watch.finish(sc.expect.alerts, sc.expect.alerts_within_s) if watch else None
-    events_path = opts.output / "chaos" / "events.jsonl"
     events = [json.loads(line) for line in events_path.read_text().splitlines() if line]
     faults = [f.model_dump(mode="json") for f in faulty.chaos.faults]
+    # Timed faults: those injected take the index the job gave them; the others are shown
+    # as not fired, with the reason.
+    live = sorted((a["fault"] for _, a in injected if "fault" in a), key=lambda f: f["index"])
+    faults += live
+    for t, answer in injected:
+        if "error" in answer:
+            faults.append({**t.fault, "at_step": -1, "refused": answer["error"]})
     verdict = judge(sc, faults, result, events, digest, alerts)
     (opts.output / "verdict.json").write_text(json.dumps(verdict.to_dict(), indent=2) + "\n")
     (opts.output / "junit.xml").write_text(junit([verdict]))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
@@ -98,6 +98,11 @@ class Expect(_Model):
     )
 
 
+class TimedFault(NamedTuple):
+    after_s: float  # seconds after the job started training
+    fault: dict[str, Any]  # a live fault: kind, rank, the kind's fields
+
+
 class Scenario(_Model):
     name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
     description: str = ""
@@ -109,15 +114,39 @@ class Scenario(_Model):
     source: Path | None = Field(None, exclude=True)  # the file it was read from
 
     def resolved_faults(self, workers: int) -> list[dict[str, Any]]:
-        """The faults with `rank: random` drawn (seeded), as job spec faults."""
+        """The faults fired at a step, as job spec faults: `rank: random` drawn and
+        `probability` decided (seeded)."""
+        return self.resolved(workers)[0]
+
+    def resolved(self, workers: int) -> tuple[list[dict[str, Any]], list[TimedFault]]:
+        """(step faults, timed faults): every fault with its `rank: random` drawn and its
+        `probability` decided, with the scenario's seed (the same seed, the same faults).
+        A timed fault (`after_seconds: T`, or `every_seconds: P` with `jitter_s` and
+        `count`) is injected into the running job T (or about P, 2P, ...) seconds after it
+        started training."""
         rng = random.Random(self.seed)
-        out = []
+        steps, timed = [], []
         for f in self.faults:
             f = dict(f)
-            if f.get("rank") == "random":
-                f["rank"] = rng.randrange(workers)
-            out.append(f)
-        return out
+            chance = f.pop("probability", 1.0)
+            after, every = f.pop("after_seconds", None), f.pop("every_seconds", None)
+            jitter, count = f.pop("jitter_s", 0.0), f.pop("count", 1)
+            if chance < 1.0 and rng.random() >= chance:
+                continue
+            if after is None and every is None:
+                if f.get("rank") == "random":
+                    f["rank"] = rng.randrange(workers)
+                steps.append(f)
+                continue
+            at = float(after if after is not None else 0.0)
+            for _ in range(int(count) if every is not None else 1):
+                if every is not None:
+                    at += float(every) + rng.uniform(-float(jitter), float(jitter))
+                one = dict(f)
+                if one.get("rank") == "random":
+                    one["rank"] = rng.randrange(workers)
+                timed.append(TimedFault(max(at, 0.0), one))
+        return steps, sorted(timed, key=lambda t: t.after_s)
 
 
 def _spec_path(sc: Scenario) -> Path:
@@ -164,7 +193,9 @@ def job_specs(sc: Scenario) -> tuple[JobSpec, JobSpec]:
         raise SpecError(str(path), ["expected a mapping at the top level"])
     data = apply_overrides(data, list(sc.job.set))
     base = validate({**data, "chaos": {"faults": []}}, str(path))
-    faults = sc.resolved_faults(base.max_workers)
+    faults, timed = sc.resolved(base.max_workers)
+    # A timed fault is checked as a step fault would be (its kind's fields, its rank).
+    faults_checked = [*faults, *({**t.fault, "at_step": 0} for t in timed)]
     name = base.name[:48]
     clean = base.model_copy(update={"name": f"{name}-baseline"})
     # chaos.enabled stays the spec's: on a cluster the command did not start it must be
@@ -172,6 +203,7 @@ def job_specs(sc: Scenario) -> tuple[JobSpec, JobSpec]:
     enabled = bool((data.get("chaos") or {}).get("enabled", False))
     chaos = {**data, "name": f"{name}-chaos", "chaos": {"enabled": enabled, "faults": faults}}
     try:
+        validate({**chaos, "chaos": {"faults": faults_checked}}, str(path))
         faulty = validate(chaos, str(path))
     except SpecError as e:
         # The faults are the scenario's: say so, with the scenario's field names.

@@ -77,7 +77,9 @@ def fault_rows(result: dict[str, Any], events: list[dict[str, Any]], faults: lis
     refused = {e["index"]: e for e in events if e.get("type") == "fault_refused"}
     rows = []
     for i, f in enumerate(faults):
-        if i in injected:
+        if f.get("refused"):  # a timed fault the job did not take
+            outcome = f"refused: {f['refused']}"
+        elif i in injected:
             outcome = "injected"
         elif i in refused:
             outcome = f"refused: {refused[i].get('reason', '')}"

@@ -43,7 +43,9 @@ def test_every_example_scenario_loads_and_builds_its_jobs():
         sc = load_scenario(path)
         clean, faulty = job_specs(sc)
         assert clean.chaos.faults == []
-        assert len(faulty.chaos.faults) == len(sc.faults)
+        steps, timed = sc.resolved(faulty.max_workers)
+        assert len(faulty.chaos.faults) == len(steps)
+        assert len(steps) + len(timed) >= 1
         assert clean.name.endswith("-baseline") and faulty.name.endswith("-chaos")
         # Both are the same job but for the faults.
         a = clean.model_dump(exclude={"name", "chaos"})
@@ -280,3 +282,31 @@ def test_memory_flat_after_the_last_fault(tmp_path):
     assert not leak.ok and "MiB" in leak.detail
     few = run_with([50 << 20] * 3)
     assert not few.ok and "too few" in few.detail
+
+
+def test_timed_faults_are_drawn_with_the_seed(tmp_path):
+    body = (
+        "name: t\njob: {spec: job.yaml}\nseed: %d\nfaults:\n"
+        "  - {kind: kill_worker, rank: 1, at_step: 10}\n"
+        "  - {kind: kill_worker, rank: random, after_seconds: 4}\n"
+        "  - {kind: hang, rank: 2, every_seconds: 5, jitter_s: 1, count: 4}\n"
+        "  - {kind: kill_worker, rank: 0, at_step: 20, probability: 0.0}\n"
+    )
+    sc = load_scenario(_scenario(tmp_path, body % 1))
+    steps, timed = sc.resolved(4)
+    assert [f["at_step"] for f in steps] == [10]  # probability 0: never
+    assert [t.fault["kind"] for t in timed] == ["kill_worker"] + ["hang"] * 4
+    offsets = [t.after_s for t in timed]
+    assert offsets[0] == 4.0 and offsets == sorted(offsets)
+    hangs = offsets[1:]
+    gaps = [b - a for a, b in zip([0.0, *hangs], hangs, strict=False)]
+    assert all(3.0 <= g <= 7.0 for g in gaps), gaps  # every 5 s, jitter 1 s each side
+    assert sc.resolved(4) == (steps, timed)  # the same seed, the same faults
+    assert load_scenario(_scenario(tmp_path, body % 2)).resolved(4)[1] != timed
+    # A timed fault's own fields are checked like a step fault's.
+    bad = (
+        "name: t\njob: {spec: job.yaml}\nfaults:\n  - {kind: gpu_xid, rank: 1, after_seconds: 3}\n"
+    )
+    with pytest.raises(SpecError) as e:
+        job_specs(load_scenario(_scenario(tmp_path, bad)))
+    assert any("xid" in m for m in e.value.errors)
