@@ -15,7 +15,17 @@ from typing import Any
 from stalwart.orchestrator.observe.metric_defs import TERMINAL_STATES
 from stalwart.orchestrator.observe.metrics import Downtime
 
-PHASES = ("detect", "decide", "abort", "replace", "rendezvous", "reenter", "restore", "first_step")
+PHASES = (
+    "detect",
+    "decide",
+    "abort",
+    "replace",
+    "rendezvous",
+    "reenter",
+    "restore",
+    "first_step",
+    "other",  # what no phase measures: the phases sum to the recovery time
+)
 
 
 @dataclass

@@ -34,6 +34,7 @@ PHASE_COLORS = (
     "#17becf",
     "#9467bd",
     "#2ca02c",
+    "#c7c7c7",  # other
 )
 
 

@@ -250,7 +250,8 @@ class JobMetrics:
                 self._count("stalwart_replication_sent_bytes_total", rep.get("sent_bytes", 0), node)
                 self._observe_mean("peer", node, rep.get("rounds", 0), rep.get("seconds", 0.0))
             wall, productive = self._goodput(now, steps_redone * (seconds_per_step or 0.0))
-            self.goodput = round(productive / wall, 4) if wall > 0 else None
+            # Nothing trained yet (a job that failed at step 0): no goodput, not 100 %.
+            self.goodput = round(productive / wall, 4) if wall > 0 and step > 0 else None
             # High-water marks: productive seconds may drop (steps redone are priced when a
             # recovery reports them), a counter may not, and nothing here counts from 0 again.
             self._count_up("stalwart_wall_seconds_total", wall)

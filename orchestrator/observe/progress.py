@@ -185,13 +185,18 @@ def print_summary(console: Console, result: dict[str, Any]) -> None:
         t.add_row(
             "throughput",
             f"{result['steps_per_second']:.2f} steps/s, "
-            f"{result['samples_per_second']:.1f} samples/s",
+            f"{result['samples_per_second']:.1f} samples/s (all steps over the time since "
+            "training began, recoveries included)",
         )
     if result.get("final_loss") is not None:
         t.add_row("final loss", f"{result['final_loss']:.4f}")
     t.add_row("wall time", f"{result['wall_seconds']:.1f} s")
     if result.get("goodput") is not None:
-        t.add_row("goodput", f"{result['goodput']:.1%} of the wall time was productive")
+        t.add_row(
+            "goodput",
+            f"{result['goodput']:.1%} of the time since training began was productive "
+            "(`stalwart report` also shows it over the whole job, start-up included)",
+        )
     t.add_row("failures", str(len(result["failures"])))
     t.add_row("steps redone", str(result["lost_steps_total"]))
     if result.get("cordoned"):

@@ -170,6 +170,10 @@ class Ledger:
             f["phases_s"] = {k: round(v, 4) for k, v in phases.items()}
             f["phases_s"]["detect"] = f["detected_after_s"]
             f["phases_s"]["decide"] = f["decided_after_s"]
+            # What no phase measures (the fresh poll, an earlier recovery this one
+            # continued): the phases sum to the recovery time, in the table and the figure.
+            counted = sum(v for v in f["phases_s"].values() if v is not None)
+            f["phases_s"]["other"] = round(max(f["recovered_after_s"] - counted, 0.0), 4)
             f["restore_tiers"] = dict(restore_tiers)
             # The whole record, for a successor supervisor to carry on (the driver keeps
             # them): a supervisor restart loses no failure from the job's account.
