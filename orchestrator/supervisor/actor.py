@@ -195,10 +195,11 @@ class JobSupervisor:
         log with who asked (`by`), what and when."""
         if self.sm.state is not JobState.RUNNING:
             return {"error": f"job {self.spec.name} is {self.sm.state.value}, not RUNNING"}
+        step = self._step()  # takes self._lock itself
         try:
             with self._lock:
                 fault = self.faults.add_live(
-                    request, self._step(), self.spec, self.owned_cluster, self.pool.ranks_on
+                    request, step, self.spec, self.owned_cluster, self.pool.ranks_on
                 )
         except InjectRefused as e:
             return {"error": str(e)}
