@@ -261,16 +261,17 @@ class NodeAgent:
         with self._lock:
             self._fired.add(index)
 
-    def kill_job_here(self, caller: int) -> list[int]:
+    def kill_job_here(self, caller: int) -> None:
         """Chaos kill_node on a cluster this job does not own: kill the job's processes on
-        this node (the ranks that beat here, then this agent, a moment after answering)
-        and nothing else: a pid is killed only while it is still a Ray worker of this
-        node's raylet. `caller` (the rank carrying the fault out) kills itself."""
+        this node (the ranks that beat here, then this agent, at once: the node is gone
+        by the time anyone notices a rank's death) and nothing else: a pid is killed only
+        while it is still a Ray worker of this node's raylet. Never returns. `caller` (the
+        rank carrying the fault out) waits for this agent's death, then kills itself."""
         with self._lock:
             pids = {b.get("pid") for b in self._beats.values()} - {caller, None}
-        killed = [pid for pid in sorted(pids) if chaos_actions.kill_if_sibling(pid)]
-        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()
-        return killed
+        for pid in sorted(pids):
+            chaos_actions.kill_if_sibling(pid)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def worker_output(self, lines: list[dict[str, Any]]) -> None:
         """A batch of lines one of this node's ranks printed (worker/output.py); they go to

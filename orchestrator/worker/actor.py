@@ -423,10 +423,20 @@ class TrainWorker:
                 self.agent.corrupt_shards.remote(self.rank, fault["following"])
             ),
             fill_shm=lambda seconds: ray.get(self.agent.fill_shm.remote(seconds)),
-            kill_job_on_node=lambda: ray.get(
-                self.agent.kill_job_here.remote(os.getpid()), timeout=10
-            ),
+            kill_job_on_node=self._kill_job_on_node,
         )
+
+    def _kill_job_on_node(self) -> None:
+        """Chaos kill_node, scope "job": the agent kills the job's processes here and
+        itself; this rank waits (10 s at most) until the agent is gone, then dies too."""
+        self.agent.kill_job_here.remote(os.getpid())
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            try:
+                ray.get(self.agent.ping.remote(), timeout=1.0)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return
+            time.sleep(0.02)  # the agent is still dying: ask again
 
     def _gpu_for_probe(self) -> int:
         return self.gpu_index if self.gpu_index is not None else self.ctx.local_rank
