@@ -154,7 +154,15 @@ def _full_shm(result, events, verdict):
     assert result["checkpoint"]["errors"] == 0
 
 
+def _storage_unavailable(result, events, verdict):
+    [fault] = [e for e in _of(events, "fault_injected") if e["kind"] == "storage_unavailable"]
+    assert _of(events, "persist_failed")
+    # Persistence catches up once the target is back.
+    assert [e for e in _of(events, "persisted") if e["ts"] > fault["at"] + 8]
+
+
 EXTRA = {
+    "storage-unavailable": _storage_unavailable,
     "kill-worker": _kill_worker,
     "hang": _hang,
     "kill-node": _kill_node,
