@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from stalwart.ckpt.snapshot import Snapshot
-from stalwart.ckpt.store import MemoryShardStore, ShardInfo, ShmFull, ShmShardStore
+from stalwart.ckpt.store import MemoryShardStore, ShardInfo, ShmShardStore
 
 
 class OwnStore:
@@ -65,7 +65,7 @@ class OwnStore:
             return None
         try:
             return shm.reserve(rank, nbytes)
-        except ShmFull as e:
+        except OSError as e:  # ShmFull, or the directory went with a fall-back meanwhile
             self._fall_back(str(e))
             return None
 
@@ -96,7 +96,7 @@ class OwnStore:
         if shm is not None:
             try:
                 return shm.put(rank, snapshot)
-            except ShmFull as e:
+            except OSError as e:  # ShmFull, or the directory went with a fall-back
                 self._fall_back(str(e))
         return self.memory.put(rank, snapshot)
 
