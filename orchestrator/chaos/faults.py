@@ -10,6 +10,7 @@ node that preflight should find; a rank moved off a cordoned node leaves that fa
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -124,6 +125,24 @@ class FaultBook:
             out["scope"] = self.node_scope
         return out
 
+    def replacing(
+        self, rank: int, reached: int, node: str | None, record: Callable[[dict], None]
+    ) -> bool:
+        """Is a `during: replace` fault of `rank` due (the job reached its at_step)? Then
+        the replacement starting for the rank is to be killed; `record` gets the fault as
+        carried out (as a worker's record_fault would)."""
+        with self._lock:
+            for i, f in enumerate(self.faults):
+                due = f.during == "replace" and f.rank == rank and reached >= f.at_step
+                if due and i not in self.fired:
+                    self.fired.add(i)
+                    fault = {**f.model_dump(mode="json"), "index": i, "step": reached}
+                    break
+            else:
+                return False
+        record({**fault, "at": time.time(), "node_id": node})
+        return True
+
     def slow_at_start(self) -> dict[int, float]:
         """rank -> slow-down factor of the unfired `slow` faults at step 0 (preflight
         times the matmul with it)."""
@@ -158,6 +177,8 @@ class FaultBook:
         for i, f in enumerate(self.faults):
             if i in self.fired:
                 continue
+            if f.during == "replace":
+                continue  # the supervisor's own (replacing)
             if f.during is not None and not (recovery and reached >= f.at_step):
                 continue
             fault = {**f.model_dump(mode="json"), "index": i}

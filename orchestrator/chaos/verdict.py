@@ -106,11 +106,17 @@ def _worst(values) -> Any:
     return max(known) if known else None
 
 
+def _noticed_by(fault: dict[str, Any]) -> tuple[str, ...]:
+    if fault.get("during") == "replace":
+        return ("replacement_failed",)  # the replacement died as it started: started again
+    return _NOTICED_BY.get(fault["kind"], ())
+
+
 def _noticed(fault: dict[str, Any], fired: dict[str, Any], events: list[dict]) -> str | None:
     after = fired.get("at") or (fired.get("ts") if fired["type"] == "fault_injected" else 0.0)
     after = after or 0.0
     for e in events:
-        if e.get("type") not in _NOTICED_BY.get(fault["kind"], ()) or e.get("ts", 0) < after:
+        if e.get("type") not in _noticed_by(fault) or e.get("ts", 0) < after:
             continue
         if e["type"] == "straggler" and fault["rank"] not in (e.get("ranks") or [e.get("rank")]):
             continue
@@ -156,12 +162,13 @@ def judge(
         checks.append(Check(f"{label}: injected", row.outcome == "injected", row.outcome))
         if row.outcome != "injected":
             continue
-        if row.failures == 0 and row.kind in _NOTICED_BY and _NOTICED_BY[row.kind]:
+        wanted = _noticed_by(faults[row.index])
+        if row.failures == 0 and wanted:
             checks.append(
                 Check(
                     f"{label}: noticed",
                     row.noticed is not None,
-                    row.noticed or f"no {' or '.join(_NOTICED_BY[row.kind])} event followed",
+                    row.noticed or f"no {' or '.join(wanted)} event followed",
                 )
             )
         if row.failures and ex.max_steps_lost_per_failure is not None:

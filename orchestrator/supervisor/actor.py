@@ -104,10 +104,11 @@ class JobSupervisor:
             self.ledger,
             emit,
         )
-        if adopt:
-            # What the dead supervisor's account held (the driver kept its events).
-            self.ledger.carry(adopt.get("failures", []))
-            self.ledger.started_at = adopt.get("started_at", self.ledger.started_at)
+        self.pool.chaos_replace = lambda rank, node: self.faults.replacing(
+            rank, self._reached(), node, self.record_fault
+        )
+        if adopt:  # what the dead supervisor's account held (the driver kept its events)
+            self.ledger.carry(adopt)
             self.recovery.restarts = adopt.get("recoveries", 0)
 
     # --- public API (called by the driver, the CLI and the workers) --------------------------
@@ -131,8 +132,7 @@ class JobSupervisor:
                 workers={r: info[r] for r in self.pool.workers},
             )
             memory = self._adopted_restore_point() if self.adopt else None
-            # Generations go on counting from the dead supervisor's (agents refuse shards
-            # of generations older than the newest they were told of).
+            # Generations count on from a dead supervisor's (agents fence older ones).
             self.gen.number = max(self.gen.number, self.ckpt.fence)
             durable = self.ckpt.resume_point(self.resume) if memory is None else None
             self._launch(
@@ -190,9 +190,8 @@ class JobSupervisor:
         self.events.emit("fault_injected", **fault)
 
     def inject(self, request: dict[str, Any]) -> dict[str, Any]:
-        """`stalwart chaos inject`: a fault into the running job, fired before its target
-        rank's next step. Returns {"fault": ...} or {"error": why}; recorded in the event
-        log with who asked (`by`), what and when."""
+        """`stalwart chaos inject`: a fault fired before its rank's next step, logged with who
+        asked (`by`), what and when. Returns {"fault": ...} or {"error": why}."""
         if self.sm.state is not JobState.RUNNING:
             return {"error": f"job {self.spec.name} is {self.sm.state.value}, not RUNNING"}
         step = self._step()  # takes self._lock itself

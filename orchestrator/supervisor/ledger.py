@@ -194,9 +194,11 @@ class Ledger:
         )
         self.open_recovery = None
 
-    def carry(self, failures: list[dict[str, Any]]) -> None:
-        """Failures a supervisor that died had recorded and closed (failure_closed)."""
-        self.failures = [*failures, *self.failures]
+    def carry(self, adopt: Mapping[str, Any]) -> None:
+        """What a supervisor that died had recorded: the failures it closed
+        (failure_closed) and when the job started."""
+        self.failures = [*adopt.get("failures", []), *self.failures]
+        self.started_at = adopt.get("started_at", self.started_at)
 
     def resized(self, old: int, new: int, reason: str, **extra: Any) -> None:
         entry = {"at": time.time(), "from": old, "to": new, "reason": reason}

@@ -64,6 +64,8 @@ class WorkerPool:
         # Spares to start again once a recovery's replacements have their places (a
         # refill must never take the room a lost rank needs): their bundles, or None.
         self.refills: list[int | None] = []
+        # Chaos `during: replace`: (rank, node) -> kill the replacement that just started.
+        self.chaos_replace: Callable[[int, str], bool] = lambda rank, node: False
         self.spares_starting: dict[Any, tuple[Any, int | None]] = {}
         self.agents: dict[str, Any] = {}
         self.slots = Slots(f"stalwart-{spec.name}")
@@ -270,27 +272,55 @@ class WorkerPool:
         self, ranks: list[int], timeout_s: float, allow_missing: bool = False
     ) -> list[int]:
         """Wait for `ranks`' workers to start and attach them to their node agents. Returns
-        the ranks still not started after `timeout_s` (only with `allow_missing`)."""
-        refs = {self.workers[r].ready.remote(): r for r in ranks}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
-        missing = sorted(r for ref, r in refs.items() if ref not in ready)
+        the ranks still not started after `timeout_s` (only with `allow_missing`). With
+        `allow_missing` (a replacement), a worker that dies while starting or does not
+        attach is started again, within the same time."""
+        deadline = time.monotonic() + timeout_s
+        pending = {self.workers[r].ready.remote(): r for r in ranks}
+        while pending:
+            left = deadline - time.monotonic()
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=max(left, 0))
+            if not ready:
+                break
+            attaching, failed = {}, {}
+            for ref in ready:  # one at a time only to tell which one died
+                rank = pending.pop(ref)
+                try:
+                    info = ray.get(ref)
+                except ActorGone as e:
+                    failed[rank] = actor_error_text(e)
+                    continue
+                self.worker_info[rank] = {**info, "rank": rank}
+                if allow_missing and self.chaos_replace(rank, info["node_id"]):
+                    ray.kill(self.workers[rank], no_restart=True)  # chaos: during replace
+                agent = self.ensure_agent(info["node_id"])
+                attaching[self.workers[rank].attach.remote(agent)] = rank
+            done, late = ray.wait(
+                list(attaching), num_returns=len(attaching), timeout=ATTACH_TIMEOUT_S
+            )
+            for ref in late:
+                failed[attaching[ref]] = (
+                    f"it did not attach to its node agent within {ATTACH_TIMEOUT_S:g} s"
+                )
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except ActorGone as e:
+                    failed[attaching[ref]] = actor_error_text(e)
+            for rank, why in sorted(failed.items()):
+                if not allow_missing:
+                    raise SchedulingError(f"worker {rank} failed to start: {why}")
+                self._emit("replacement_failed", rank=rank, reason=f"{why}; starting another")
+                ray.kill(self.workers[rank], no_restart=True)
+                self.workers[rank] = self.create_worker(rank, self.bundle_of.get(rank))
+                pending[self.workers[rank].ready.remote()] = rank
+        missing = sorted(pending.values())
         if missing and not allow_missing:
             raise SchedulingError(
                 f"workers {missing} did not start within {timeout_s:.0f} s "
                 "(failure.scheduling_timeout_s, or failure.replacement_timeout_s for a "
                 "replacement); no healthy node had room for them"
             )
-        try:
-            infos = ray.get(ready)
-        except ActorGone as e:
-            raise SchedulingError(f"a worker failed to start: {actor_error_text(e)}") from None
-        attached = []
-        for info, ref in zip(infos, ready, strict=True):
-            rank = refs[ref]
-            self.worker_info[rank] = {**info, "rank": rank}
-            agent = self.ensure_agent(info["node_id"])
-            attached.append(self.workers[rank].attach.remote(agent))
-        ray.get(attached, timeout=ATTACH_TIMEOUT_S)
         return missing
 
     # --- spares -----------------------------------------------------------------------------

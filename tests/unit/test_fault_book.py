@@ -158,3 +158,24 @@ def test_fatal_and_from_scratch_failures_count_their_steps():
     assert scratch["steps_redone"] == 45  # back to step 0: every step again
     (fatal,) = ledger.record_failures([_failure(2, 11.0, 50)], None, 11.1, 50, fatal=True)
     assert fatal["steps_redone"] is None  # nothing redone: the job ended
+
+
+def test_a_fault_during_replace_is_the_supervisors_and_fires_once_when_due():
+    book = _book(
+        {"kind": "kill_worker", "rank": 1, "at_step": 30},
+        {"kind": "kill_worker", "rank": 1, "at_step": 30, "during": "replace"},
+    )
+    # Never handed to a worker: the supervisor kills the replacement as it starts.
+    assert [f["index"] for f in _gen(book, recovery=True, reached=40)] == [0]
+    recorded: list = []
+    assert not book.replacing(1, 29, "n1", recorded.append)  # not due yet
+    assert not book.replacing(2, 40, "n1", recorded.append)  # another rank
+    assert book.replacing(1, 31, "n1", recorded.append)
+    assert not book.replacing(1, 35, "n1", recorded.append)  # once
+    [fault] = recorded
+    assert (fault["index"], fault["during"], fault["node_id"], fault["step"]) == (
+        1,
+        "replace",
+        "n1",
+        31,
+    )
