@@ -309,7 +309,7 @@ class WorkerPool:
                     failed[attaching[ref]] = actor_error_text(e)
             for rank, why in sorted(failed.items()):
                 if not allow_missing:
-                    raise SchedulingError(f"worker {rank} failed to start: {why}")
+                    raise SchedulingError(f"a worker failed to start (rank {rank}): {why}")
                 self._emit("replacement_failed", rank=rank, reason=f"{why}; starting another")
                 ray.kill(self.workers[rank], no_restart=True)
                 self.workers[rank] = self.create_worker(rank, self.bundle_of.get(rank))
