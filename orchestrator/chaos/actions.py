@@ -19,18 +19,22 @@ from pathlib import Path
 from typing import Any
 
 
+def _parent(pid: int) -> int | None:
+    """`pid`'s parent, from /proc (None if it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+    return int(text[text.rindex(")") + 2 :].split()[1])
+
+
 def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-        fields = text[text.rindex(")") + 2 :].split()
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
+    return [
+        int(stat.parent.name)
+        for stat in Path("/proc").glob("[0-9]*/stat")
+        if _parent(int(stat.parent.name)) == pid
+    ]
 
 
 def descendants(pid: int) -> list[int]:
@@ -64,14 +68,6 @@ def kill_node() -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     os.kill(me, signal.SIGKILL)
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(text[text.rindex(")") + 2 :].split()[1])
 
 
 def kill_if_sibling(pid: int) -> bool:

@@ -187,25 +187,18 @@ class FaultBook:
             if f.kind == "kill_node":
                 fault["scope"] = self.node_scope
             if f.kind == "fill_shm" and self.node_scope != "raylet":
-                with self._lock:
-                    self.fired.add(i)
-                emit(
-                    "fault_refused",
-                    **fault,
-                    reason="fill_shm fills a node's shared memory, which the machine's other "
-                    "tenants use too: only on a cluster the command itself started",
+                why = (
+                    "fill_shm fills a node's shared memory, which the machine's other "
+                    "tenants use too: only on a cluster the command itself started"
                 )
+            elif f.kind == "kill_node" and node_of(f.rank) == home_node:
+                why = "the node hosting this rank also hosts the job's supervisor"
+            else:
+                out.append(fault)
                 continue
-            if f.kind == "kill_node" and node_of(f.rank) == home_node:
-                with self._lock:
-                    self.fired.add(i)
-                emit(
-                    "fault_refused",
-                    **fault,
-                    reason="the node hosting this rank also hosts the job's supervisor",
-                )
-                continue
-            out.append(fault)
+            with self._lock:
+                self.fired.add(i)  # refused for good, with the reason in the event log
+            emit("fault_refused", **fault, reason=why)
         return out
 
     def explaining(self, f: WorkerFailure) -> dict[str, Any] | None:

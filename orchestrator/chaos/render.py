@@ -10,10 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stalwart.orchestrator.chaos.verdict import Verdict
-
-
-def _s(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f} s"
+from stalwart.orchestrator.chaos.verdict import seconds as _s
 
 
 def _tiers(t: dict[str, int]) -> str:

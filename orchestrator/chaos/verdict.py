@@ -187,7 +187,7 @@ def judge(
                 Check(
                     f"{label}: recovery time",
                     took is not None and took <= limit,
-                    f"{_s(took)} (at most {limit:g} s)",
+                    f"{seconds(took)} (at most {limit:g} s)",
                 )
             )
     # Restarted from scratch: restored step 0 (or nothing) with steps to redo.
@@ -267,5 +267,6 @@ def _short(d: str | None) -> str:
     return d[:12] if d else "none"
 
 
-def _s(v: float | None) -> str:
+def seconds(v: float | None) -> str:
+    """A duration for the verdict's table and checks: "1.23 s", or "-" when unknown."""
     return "-" if v is None else f"{v:.2f} s"

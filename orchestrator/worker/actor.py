@@ -337,8 +337,7 @@ class TrainWorker:
         # Taken here, on the hand-over thread, not the training thread.
         checksum = payload_checksum(payload)
         if self._transport == "ray":
-            shard = Snapshot(snap.step, snap.skeleton, snap.metas, payload, checksum)
-            ray.get(self.agent.put_shard.remote(self.rank, shard, self.generation))
+            self._put_through_ray(snap, payload, checksum)
             return
         # Shared memory: one copy into a slot file the agent reserved (usually in the reply
         # to the previous commit), then one small commit call.
@@ -354,8 +353,7 @@ class TrainWorker:
         if path is None:
             # The node's shared memory is full: through Ray from now on (the agent said why).
             self._transport = "ray"
-            shard = Snapshot(snap.step, snap.skeleton, snap.metas, payload, checksum)
-            ray.get(self.agent.put_shard.remote(self.rank, shard, self.generation))
+            self._put_through_ray(snap, payload, checksum)
             return
         mapped = self._maps.pop(path, None)
         if mapped is None:
@@ -379,6 +377,10 @@ class TrainWorker:
         )
         self._sent_metas = snap.metas
         self._next_slot = (following, payload.nbytes)
+
+    def _put_through_ray(self, snap: Snapshot, payload: np.ndarray, checksum: int) -> None:
+        shard = Snapshot(snap.step, snap.skeleton, snap.metas, payload, checksum)
+        ray.get(self.agent.put_shard.remote(self.rank, shard, self.generation))
 
     def _fetch(self, source: Any, step: int) -> Snapshot | None:
         """`step`'s shard from the restore source: an agent's memory (own node's by
