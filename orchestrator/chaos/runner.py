@@ -80,9 +80,16 @@ def code_version(spec: JobSpec, base_dir: str | None) -> str:
     return h.hexdigest()[:16]
 
 
+# How a job is kept alive, never what it computes: specs that differ only here share a
+# baseline. A digest that differs for one of them is a finding (a knob that changed the
+# model), not a reason to keep separate baselines.
+OPERATIONAL = ("placement", "checkpoint", "failure", "health", "metrics", "chaos", "output_dir")
+
+
 def baseline_key(spec: JobSpec, base_dir: str | None) -> str:
     data = spec.model_dump(mode="json")
-    data["checkpoint"].pop("shm_dir", None)  # where shards live changes no model
+    for field in OPERATIONAL:
+        data.pop(field, None)
     text = json.dumps(data, sort_keys=True)
     return hashlib.sha256(f"{text}\n{code_version(spec, base_dir)}".encode()).hexdigest()[:24]
 

@@ -8,9 +8,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import yaml
 from rich.console import Console
 
 from stalwart.orchestrator.chaos.render import junit, table
+from stalwart.orchestrator.chaos.runner import baseline_key
 from stalwart.orchestrator.chaos.scenario import job_specs, load_scenario
 from stalwart.orchestrator.chaos.verdict import judge
 from stalwart.orchestrator.driver import ChaosRefused, RunOptions, check_chaos_allowed
@@ -51,6 +53,24 @@ def test_every_example_scenario_loads_and_builds_its_jobs():
         a = clean.model_dump(exclude={"name", "chaos"})
         b = faulty.model_dump(exclude={"name", "chaos"})
         assert a == b, path
+
+
+def test_specs_that_differ_only_in_how_the_job_is_kept_alive_share_a_baseline():
+    base = {**yaml.safe_load(JOB), "config": {"lr": 0.003}}
+    key = baseline_key(validate(base), None)
+    operational = [
+        {"placement": "SPREAD"},
+        {"checkpoint": {"every_steps": 5, "replicas": 3, "shm_dir": "/tmp/x"}},
+        {"failure": {"spares": 0, "max_restarts": 40}},
+        {"health": {"hang_timeout_s": 5}},
+        {"chaos": {"enabled": True}},
+        {"output_dir": "/tmp/out"},
+    ]
+    for change in operational:
+        assert baseline_key(validate({**base, **change}), None) == key, change
+    computing = [{"steps": 101}, {"seed": 1}, {"workers": 2}, {"config": {"lr": 0.001}}]
+    for change in computing:
+        assert baseline_key(validate({**base, **change}), None) != key, change
 
 
 def test_random_rank_is_drawn_with_the_seed(tmp_path):
