@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from stalwart.orchestrator.chaos.runner import OPERATIONAL
 from stalwart.orchestrator.driver import RunOptions, run_job
 from stalwart.orchestrator.spec import set_path, validate
 
@@ -127,12 +128,18 @@ def run(ray_address, tmp_path):
 
 
 def make_baseline(run, cache: dict[str, dict[str, Any]]):
-    """The failure-free run of a spec through `run`, cached in `cache` by spec."""
+    """The failure-free run of a spec through `run`, cached in `cache` by what decides its
+    model: specs that differ only in how the job is kept alive (its name and the sections
+    `stalwart chaos run` leaves out of its baseline key) share one run. It writes no
+    durable checkpoints (a later run of the spec would resume from them)."""
 
     def _baseline(spec: dict[str, Any]) -> dict[str, Any]:
         clean = copy.deepcopy(spec)
         clean["chaos"] = {"faults": []}
-        key = json.dumps(clean, sort_keys=True)
+        clean.get("checkpoint", {}).pop("persist", None)
+        normal = validate(clean).model_dump(mode="json")
+        computes = {k: v for k, v in normal.items() if k not in (*OPERATIONAL, "name")}
+        key = json.dumps(computes, sort_keys=True)
         if key not in cache:
             result = run(clean)
             assert result["status"] == "succeeded", result["error"]
@@ -145,7 +152,7 @@ def make_baseline(run, cache: dict[str, dict[str, Any]]):
 
 @pytest.fixture
 def baseline(run, _baselines):
-    """The failure-free run of the same spec (cached per spec for the session)."""
+    """The failure-free run of the same spec (cached for the session, see make_baseline)."""
     return make_baseline(run, _baselines)
 
 
@@ -167,11 +174,6 @@ def multinode():
         mn.shutdown()
 
 
-@pytest.fixture(scope="module")
-def _multinode_clean_runs() -> dict[str, dict[str, Any]]:
-    return {}
-
-
 @pytest.fixture
 def mrun(multinode, tmp_path):
     """Run a job spec dict on this module's multi-node cluster (3 worker nodes at least)."""
@@ -180,6 +182,7 @@ def mrun(multinode, tmp_path):
 
 
 @pytest.fixture
-def mbaseline(mrun, _multinode_clean_runs):
-    """The failure-free run of a spec on this module's cluster (cached per spec)."""
-    return make_baseline(mrun, _multinode_clean_runs)
+def mbaseline(mrun, _baselines):
+    """The failure-free run of a spec, on this module's cluster unless the session has it
+    already (a model does not depend on the cluster it was trained on)."""
+    return make_baseline(mrun, _baselines)
