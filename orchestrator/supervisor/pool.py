@@ -277,11 +277,19 @@ class WorkerPool:
         attach is started again, within the same time."""
         deadline = time.monotonic() + timeout_s
         pending = {self.workers[r].ready.remote(): r for r in ranks}
+        asked = dict.fromkeys(pending, time.monotonic())
         while pending:
-            left = deadline - time.monotonic()
-            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=max(left, 0))
+            now = time.monotonic()
+            wait_s = max(deadline - now, 0)
+            if allow_missing:
+                oldest = min(asked[p] for p in pending)
+                wait_s = min(wait_s, max(oldest + self.spec.failure.start_stall_s - now, 0))
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=wait_s)
             if not ready:
-                break
+                if not allow_missing or time.monotonic() >= deadline:
+                    break
+                self._ask_again(pending, asked)
+                continue
             attaching, failed = {}, {}
             for ref in ready:  # one at a time only to tell which one died
                 rank = pending.pop(ref)
@@ -310,10 +318,7 @@ class WorkerPool:
             for rank, why in sorted(failed.items()):
                 if not allow_missing:
                     raise SchedulingError(f"a worker failed to start (rank {rank}): {why}")
-                self._emit("replacement_failed", rank=rank, reason=f"{why}; starting another")
-                ray.kill(self.workers[rank], no_restart=True)
-                self.workers[rank] = self.create_worker(rank, self.bundle_of.get(rank))
-                pending[self.workers[rank].ready.remote()] = rank
+                self._restart(rank, f"{why}; starting another", pending, asked)
         missing = sorted(pending.values())
         if missing and not allow_missing:
             raise SchedulingError(
@@ -322,6 +327,28 @@ class WorkerPool:
                 "replacement); no healthy node had room for them"
             )
         return missing
+
+    def _ask_again(self, pending: dict[Any, int], asked: dict[Any, float]) -> None:
+        """Start again the replacements Ray has not started within failure.start_stall_s:
+        an actor's placement can stall for good when a node dies while Ray places it
+        (ray-project/ray#63405), and one stalled request must not use up the whole
+        failure.replacement_timeout_s."""
+        stall_s = self.spec.failure.start_stall_s
+        now = time.monotonic()
+        for ref in [p for p in pending if now - asked[p] >= stall_s]:
+            rank = pending.pop(ref)
+            why = f"Ray had not started it after {stall_s:g} s; asking again"
+            self._restart(rank, why, pending, asked)
+
+    def _restart(
+        self, rank: int, why: str, pending: dict[Any, int], asked: dict[Any, float]
+    ) -> None:
+        self._emit("replacement_failed", rank=rank, reason=why)
+        ray.kill(self.workers[rank], no_restart=True)
+        self.workers[rank] = self.create_worker(rank, self.bundle_of.get(rank))
+        ref = self.workers[rank].ready.remote()
+        pending[ref] = rank
+        asked[ref] = time.monotonic()
 
     # --- spares -----------------------------------------------------------------------------
 
