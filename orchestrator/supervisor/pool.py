@@ -70,6 +70,10 @@ class WorkerPool:
         self.agents: dict[str, Any] = {}
         self.slots = Slots(f"stalwart-{spec.name}")
         self.lost_nodes: set[str] = set()
+        # Nodes Ray reported dead while a replacement was placed, before the supervisor's
+        # own detection got to them (two nodes lost at once: the first one's replacement
+        # can be sent to the second).
+        self.dead_in_ray: set[str] = set()
         self.cordons = CordonList(spec.health.cordon_ttl_s)
         self.cordon_log: list[dict[str, Any]] = []
         self.supervisor: Any = None  # the supervisor's handle, for workers to report faults to
@@ -88,8 +92,8 @@ class WorkerPool:
         return sorted(r for r in self.workers if self.worker_info[r]["node_id"] == match[0])
 
     def bad_nodes(self) -> set[str]:
-        """Nodes that get no new ranks: lost or cordoned."""
-        return self.lost_nodes | set(self.cordons.active(time.time()))
+        """Nodes that get no new ranks: lost, dead in Ray's view, or cordoned."""
+        return self.lost_nodes | self.dead_in_ray | set(self.cordons.active(time.time()))
 
     def cordon(self, node: str, reason: str, now: float) -> None:
         """Give `node` no new ranks of this job, unless the nodes left could not hold the
@@ -343,9 +347,13 @@ class WorkerPool:
     def _restart(
         self, rank: int, why: str, pending: dict[Any, int], asked: dict[Any, float]
     ) -> None:
+        """Start `rank`'s replacement again, away from any node Ray now knows is dead (the
+        slot it had there is released)."""
         self._emit("replacement_failed", rank=rank, reason=why)
         ray.kill(self.workers[rank], no_restart=True)
-        self.workers[rank] = self.create_worker(rank, self.bundle_of.get(rank))
+        self.dead_in_ray |= {n["NodeID"] for n in ray.nodes() if not n.get("Alive")}
+        self.bundle_of[rank] = self.usable_bundle(self.bundle_of.get(rank))
+        self.workers[rank] = self.create_worker(rank, self.bundle_of[rank])
         ref = self.workers[rank].ready.remote()
         pending[ref] = rank
         asked[ref] = time.monotonic()

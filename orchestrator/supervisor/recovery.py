@@ -102,19 +102,7 @@ class Recovery:
         replace = work.replace
         replace.update(work.decision.ranks)
         detection = self.detection
-        # A dead worker's node may be dead too (the worker's death often reaches us first):
-        # confirm it answers before its bundle gets the replacement.
-        for node in detection.unresponsive(
-            {f.node for f in failures if f.kind is FailureKind.WORKER_DIED and f.node}
-        ):
-            lost = detection.lose_node(
-                node,
-                f"node {node[:12]}: its agent did not answer after its "
-                f"worker died (within {NODE_PING_TIMEOUT_S} s)",
-                time.time(),
-            )
-            failures.extend(lost)
-            replace.update(f.rank for f in lost)
+        self._confirm_nodes(failures, work)
 
         # 1. Release survivors: fail their collectives, unwind their loops. Ranks to be
         # replaced (dead, hung, on a lost or cordoned node) are killed first.
@@ -122,6 +110,8 @@ class Recovery:
         extra, also = self.generation.release(replace, work.reason, detection.beats)
         failures.extend(extra)
         replace |= also
+        # Ranks found dead while releasing (a second node lost at once) get the same check.
+        self._confirm_nodes(extra, work)
         work.requeue = [f for f in extra if f.kind is not FailureKind.COMM_ERROR]
         t_aborted = time.time()
 
@@ -142,6 +132,21 @@ class Recovery:
             self.elastic.grow(work.grow)
             work.resized = True
         return None
+
+    def _confirm_nodes(self, found: list[WorkerFailure], work: Recovering) -> None:
+        """A dead worker's node may be dead too (the worker's death often reaches us
+        first): confirm it answers before its slot gets the replacement."""
+        detection = self.detection
+        nodes = {f.node for f in found if f.kind is FailureKind.WORKER_DIED and f.node}
+        for node in detection.unresponsive(nodes - self.pool.lost_nodes):
+            lost = detection.lose_node(
+                node,
+                f"node {node[:12]}: its agent did not answer after its "
+                f"worker died (within {NODE_PING_TIMEOUT_S} s)",
+                time.time(),
+            )
+            work.failures.extend(lost)
+            work.replace.update(f.rank for f in lost)
 
     def _await_replacements(
         self, replace: set[int], placed: dict[int, str], work: Recovering
