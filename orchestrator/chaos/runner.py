@@ -163,7 +163,8 @@ class AlertWatch:
         self.job = job
         self.started = started
         self.fired: dict[str, float] = {}
-        self.error: str | None = None
+        # Why the last query failed (the verdict says so beside an alert not seen).
+        self.error: str | None = f"Prometheus at {self.url} was not asked before the run ended"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="alert-watch", daemon=True)
         self._thread.start()
@@ -349,6 +350,7 @@ def run_scenario(
         finally:
             injected = injector.finish()
         alerts = watch.finish(sc.expect.alerts, sc.expect.alerts_within_s) if watch else None
+        alerts_error = watch.error if watch else None
     events = [json.loads(line) for line in events_path.read_text().splitlines() if line]
     faults = [f.model_dump(mode="json") for f in faulty.chaos.faults]
     # Timed faults: those injected take the index the job gave them; the others are shown
@@ -358,7 +360,7 @@ def run_scenario(
     for t, answer in injected:
         if "error" in answer:
             faults.append({**t.fault, "at_step": -1, "refused": answer["error"]})
-    verdict = judge(sc, faults, result, events, digest, alerts)
+    verdict = judge(sc, faults, result, events, digest, alerts, alerts_error)
     (opts.output / "verdict.json").write_text(json.dumps(verdict.to_dict(), indent=2) + "\n")
     (opts.output / "junit.xml").write_text(junit([verdict]))
     return verdict

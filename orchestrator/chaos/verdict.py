@@ -131,8 +131,10 @@ def judge(
     events: list[dict[str, Any]],
     baseline_digest: str | None,
     alerts: dict[str, float] | None = None,
+    alerts_error: str | None = None,
 ) -> Verdict:
-    """The verdict of one chaos run of `sc` (its resolved `faults`)."""
+    """The verdict of one chaos run of `sc` (its resolved `faults`); `alerts_error`: why
+    Prometheus did not answer when last asked, if it did not."""
     ex = sc.expect
     rows = fault_rows(result, events, faults)
     checks: list[Check] = []
@@ -217,13 +219,13 @@ def judge(
         for name in ex.alerts:
             if alerts is not None:
                 fired = name in alerts
-                checks.append(
-                    Check(
-                        f"alert {name}",
-                        fired,
-                        f"fired {alerts[name]:.0f} s after the start" if fired else "never fired",
-                    )
-                )
+                if fired:
+                    detail = f"fired {alerts[name]:.0f} s after the start"
+                elif alerts_error:
+                    detail = f"not seen firing: {alerts_error}"
+                else:
+                    detail = "never fired"
+                checks.append(Check(f"alert {name}", fired, detail))
     return Verdict(
         scenario=sc.name,
         passed=all(c.ok for c in checks),

@@ -4,6 +4,8 @@ renderings, and the opt-ins a fault on somebody else's cluster needs."""
 from __future__ import annotations
 
 import json
+import socket
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import yaml
 from rich.console import Console
 
 from stalwart.orchestrator.chaos.render import junit, table
-from stalwart.orchestrator.chaos.runner import baseline_key
+from stalwart.orchestrator.chaos.runner import AlertWatch, baseline_key
 from stalwart.orchestrator.chaos.scenario import job_specs, load_scenario
 from stalwart.orchestrator.chaos.verdict import judge
 from stalwart.orchestrator.driver import ChaosRefused, RunOptions, check_chaos_allowed
@@ -218,6 +220,19 @@ def test_a_failed_job_and_missing_alerts_fail(tmp_path):
     bad = {c.name for c in v.checks if not c.ok}
     assert bad == {"finishes"}
     assert v.faults[0].noticed == "straggler after 4.0 s"
+    # Prometheus did not answer: the check says so instead of "never fired".
+    v = judge(sc, f, result, events, "d" * 64, alerts={}, alerts_error="cannot query: refused")
+    bad = {c.name: c.detail for c in v.checks if not c.ok}
+    assert bad["alert StalwartGoodputLow"] == "not seen firing: cannot query: refused"
+
+
+def test_the_alert_watch_reports_a_prometheus_it_cannot_reach():
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    watch = AlertWatch(f"http://127.0.0.1:{port}", "job", time.time())
+    assert watch.finish(["StalwartWorkerLost"], within_s=2.5) == {}
+    assert watch.error.startswith(f"cannot query Prometheus at http://127.0.0.1:{port}: ")
 
 
 def test_renderings(tmp_path):
