@@ -117,6 +117,13 @@ class FaultBook:
         except ValidationError as e:
             raise InjectRefused("; ".join(_format_error(err) for err in e.errors())) from None
         with self._lock:
+            # Indices past the spec's faults that the agents saw fired were live faults of
+            # a supervisor that has died since: they stay taken (an agent would report the
+            # new fault as fired already) and are never carried (those of them that had
+            # not fired died with it).
+            while len(self.faults) <= max(self.fired, default=-1):
+                self.fired.add(len(self.faults))
+                self.faults.append(fault)  # a stand-in, never carried
             self.faults.append(fault)
             index = len(self.faults) - 1
             self.live.add(index)

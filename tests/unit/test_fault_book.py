@@ -179,3 +179,16 @@ def test_a_fault_during_replace_is_the_supervisors_and_fires_once_when_due():
         "n1",
         31,
     )
+
+
+def test_a_successor_numbers_live_faults_past_those_its_predecessor_injected():
+    # The spec has one fault; a predecessor injected live faults 1..3, of which the agents
+    # saw 1 and 3 fire. The successor's next live fault takes index 4 and fires; 1..3 are
+    # never carried (2 died unfired with the supervisor that held it).
+    book = _book({"kind": "kill_supervisor", "rank": 0, "at_step": 10})
+    book.seen([0, 1, 3], lambda etype, **kw: None)
+    f = book.add_live({"kind": "kill_worker", "rank": 2}, 50, _spec(), True, {}.get)
+    assert f["index"] == 4
+    assert [(g["index"], g["kind"]) for g in _gen(book)] == [(4, "kill_worker")]
+    book.seen([4], lambda etype, **kw: None)
+    assert _gen(book) == []
