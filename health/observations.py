@@ -20,6 +20,9 @@ class FailureKind(enum.Enum):
     # The rank could not restore its shard (source gone, timed out, missing, corrupt):
     # the copy's fault, not the rank's; restored again from the next source.
     RESTORE_FAILED = "restore_failed"
+    # The loss the rank reported was NaN or infinite (health.loss_guard): stopped before the
+    # step was checkpointed; rolled back and retried, unless the replay repeats it.
+    LOSS_NOT_FINITE = "loss_not_finite"
 
 
 class FailureClass(enum.Enum):
@@ -30,6 +33,9 @@ class FailureClass(enum.Enum):
     COMMUNICATION = "communication"  # usually a symptom: wait briefly for the root cause
     INFRASTRUCTURE = "infrastructure"  # process, node or GPU lost: replace within the budget
     PERFORMANCE = "performance"  # slow or hung: replace within the budget
+    # A non-finite loss: roll back and retry (a bit flip, a bad kernel); a bit-exact replay
+    # that repeats it is the model's or the data's, and fails the job.
+    NUMERIC = "numeric"
 
 
 CLASS_OF = {
@@ -44,6 +50,7 @@ CLASS_OF = {
     FailureKind.RESTORE_FAILED: FailureClass.INFRASTRUCTURE,
     FailureKind.HUNG: FailureClass.PERFORMANCE,
     FailureKind.STRAGGLER: FailureClass.PERFORMANCE,
+    FailureKind.LOSS_NOT_FINITE: FailureClass.NUMERIC,
 }
 
 # Failures whose node should get no more ranks of this job.
@@ -81,6 +88,10 @@ class Budget:
     max_restarts: int | None  # None: unlimited
     user_errors_seen: int
     user_error_retries: int
+    # Roll backs for a non-finite loss so far, their limit, and the steps they were at.
+    loss_rollbacks: int = 0
+    max_loss_rollbacks: int = 3
+    loss_steps: tuple[int, ...] = ()
 
     @property
     def restarts_left(self) -> int | None:

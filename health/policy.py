@@ -56,6 +56,7 @@ _WHAT = {
     FailureKind.GPU_ERROR: "hit a GPU application error",
     FailureKind.PREFLIGHT: "on a node that failed preflight",
     FailureKind.RESTORE_FAILED: "could not restore its shard",
+    FailureKind.LOSS_NOT_FINITE: "reported a loss that is not finite",
 }
 
 
@@ -69,6 +70,7 @@ SPECIFICITY = (
     FailureKind.GPU_ERROR,
     FailureKind.PREFLIGHT,
     FailureKind.RESTORE_FAILED,
+    FailureKind.LOSS_NOT_FINITE,
     FailureKind.HUNG,
     FailureKind.STRAGGLER,
     FailureKind.WORKER_DIED,
@@ -160,6 +162,10 @@ def decide(
             f"{what}; replace {where}{cordon_why}",
         )
 
+    numeric = [f for f in failures if f.kind is FailureKind.LOSS_NOT_FINITE]
+    if numeric:
+        return _loss_not_finite(numeric, budget)
+
     if restore:
         ranks = ", ".join(str(f.rank) for f in restore)
         first = (restore[0].message or "").splitlines()[:1]
@@ -179,6 +185,33 @@ def decide(
     if budget.restarts_left == 0:
         return Decision(Action.FAIL), f"{what}; {_exhausted(budget)}"
     return Decision(Action.RESTART_GROUP), f"{what}; re-form the group"
+
+
+def _loss_not_finite(numeric: Sequence[WorkerFailure], budget: Budget) -> tuple[Decision, str]:
+    """A non-finite loss, no rank lost: roll back to the last committed step and retry. A
+    replay is bit-exact, so the same step failing again is the model's or the data's."""
+    first = min(numeric, key=lambda f: f.at)
+    what = f"rank {first.rank}: " + (first.message or f"the loss at step {first.step} was NaN")
+    if first.step in budget.loss_steps:
+        return (
+            Decision(Action.FAIL),
+            f"{what} again after rolling back: the replay is bit-exact, so the model or the "
+            f"data makes it (a learning rate too high, no gradient clipping, a bad batch at "
+            f"step {first.step}), not a fault a roll back recovers from",
+        )
+    if budget.loss_rollbacks >= budget.max_loss_rollbacks:
+        return (
+            Decision(Action.FAIL),
+            f"{what}; {budget.loss_rollbacks} roll back(s) for a loss that was not finite "
+            f"already (health.loss_guard.max_rollbacks={budget.max_loss_rollbacks})",
+        )
+    if budget.restarts_left == 0:
+        return Decision(Action.FAIL), f"{what}; {_exhausted(budget)}"
+    return (
+        Decision(Action.RESTART_GROUP),
+        f"{what}; roll back to the last committed step and retry (roll back "
+        f"{budget.loss_rollbacks + 1} of {budget.max_loss_rollbacks})",
+    )
 
 
 def _cordons(

@@ -246,6 +246,22 @@ class PreflightSpec(_Model):
     timeout_s: float = Field(30.0, gt=0, description="a node whose check takes longer fails")
 
 
+class LossGuardSpec(_Model):
+    enabled: bool = Field(
+        True,
+        description="a rank that reports a loss (ctx.report(loss=...)) that is NaN or "
+        "infinite is stopped before that step is checkpointed, and the job rolls back to the "
+        "last committed step and retries",
+    )
+    max_rollbacks: int = Field(
+        3,
+        ge=0,
+        description="roll backs for a non-finite loss before the job fails; the same step "
+        "failing again after a roll back fails it at once (a replay is bit-exact: the model "
+        "or the data makes that loss)",
+    )
+
+
 class HealthSpec(_Model):
     heartbeat_timeout_s: float = Field(
         3.0, gt=0, description="a node whose agent is silent this long is lost"
@@ -276,6 +292,7 @@ class HealthSpec(_Model):
         description="how long a cordoned node gets no ranks of this job; null = until "
         "`stalwart uncordon`",
     )
+    loss_guard: LossGuardSpec = Field(default_factory=LossGuardSpec)
     straggler: StragglerSpec = Field(default_factory=StragglerSpec)
     gpu: GpuSpec = Field(default_factory=GpuSpec)
     preflight: PreflightSpec = Field(default_factory=PreflightSpec)
@@ -379,6 +396,15 @@ class FillShm(_FaultBase):
     seconds: float = Field(30.0, gt=0, description="how long the file system stays full")
 
 
+class NanLoss(_FaultBase):
+    """Make one weight of ``rank``'s registered model NaN before ``at_step`` (a bit flip, a
+    bad kernel): its loss goes NaN, and through the all-reduce of the gradients every rank's
+    model. The loss guard (health.loss_guard) must stop it before that state is
+    checkpointed; the job rolls back and ends with the failure-free model."""
+
+    kind: Literal["nan_loss"]
+
+
 class KillSupervisor(_FaultBase):
     """Kill the job's supervisor actor when ``rank`` reaches ``at_step``."""
 
@@ -395,7 +421,8 @@ Fault = Annotated[
     | StorageUnavailable
     | KillSupervisor
     | CorruptShard
-    | FillShm,
+    | FillShm
+    | NanLoss,
     Field(discriminator="kind"),
 ]
 
@@ -515,7 +542,7 @@ def _format_error(err: dict[str, Any]) -> str:
     # Discriminated unions add the tag to the path; users never wrote it.
     loc = re.sub(
         r"(faults\.\d+)\.(kill_worker|kill_node|hang|slow|gpu_xid|drop_replicas|"
-        r"storage_unavailable|kill_supervisor|corrupt_shard|fill_shm)\b",
+        r"storage_unavailable|kill_supervisor|corrupt_shard|fill_shm|nan_loss)\b",
         r"\1",
         loc,
     )

@@ -139,6 +139,7 @@ def carry_out(
     kill_job_on_node: Callable[[], None] | None = None,
     corrupt_shards: Callable[[], None] | None = None,
     fill_shm: Callable[[float], None] | None = None,
+    poison_model: Callable[[], None] | None = None,
 ) -> None:
     kind = fault["kind"]
     if kind == "kill_worker":
@@ -165,5 +166,7 @@ def carry_out(
         corrupt_shards()
     elif kind == "fill_shm" and fill_shm is not None:
         fill_shm(fault["seconds"])
+    elif kind == "nan_loss" and poison_model is not None:
+        poison_model()
     else:
         raise ValueError(f"unknown chaos fault kind {kind!r}")

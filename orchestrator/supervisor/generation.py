@@ -29,6 +29,7 @@ OUTCOME_KINDS = {
     "user_error": FailureKind.USER_ERROR,
     "oom": FailureKind.OOM,
     "restore_failed": FailureKind.RESTORE_FAILED,
+    "loss_not_finite": FailureKind.LOSS_NOT_FINITE,
 }
 
 

@@ -86,10 +86,19 @@ class Recovery:
         self._emit = emit
         self.restarts = 0  # recoveries from failures (failure.max_restarts)
         self.user_errors = 0  # of them, for the user's code (failure.user_error_retries)
+        self.loss_steps: list[int] = []  # of them, for a loss not finite: at which steps
 
     def budget(self) -> Budget:
         f = self.spec.failure
-        return Budget(self.restarts, f.max_restarts, self.user_errors, f.user_error_retries)
+        return Budget(
+            self.restarts,
+            f.max_restarts,
+            self.user_errors,
+            f.user_error_retries,
+            loss_rollbacks=len(self.loss_steps),
+            max_loss_rollbacks=self.spec.health.loss_guard.max_rollbacks,
+            loss_steps=tuple(self.loss_steps),
+        )
 
     def replace(self, work: Recovering) -> str | None:
         """Release the survivors and replace the ranks that need it. Returns why the job
@@ -99,6 +108,9 @@ class Recovery:
             self.restarts += 1
         if any(f.kind in (FailureKind.USER_ERROR, FailureKind.OOM) for f in failures):
             self.user_errors += 1
+        numeric = [f for f in failures if f.kind is FailureKind.LOSS_NOT_FINITE]
+        if numeric:
+            self.loss_steps.append(min(numeric, key=lambda f: f.at).step or 0)
         replace = work.replace
         replace.update(work.decision.ranks)
         detection = self.detection

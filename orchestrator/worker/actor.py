@@ -37,7 +37,7 @@ from stalwart.orchestrator.worker.collective import (
     local_group,
     solo_group,
 )
-from stalwart.orchestrator.worker.context import RestoreFailed, TrainContext
+from stalwart.orchestrator.worker.context import LossNotFinite, RestoreFailed, TrainContext
 from stalwart.orchestrator.worker.entrypoint import load_entrypoint
 from stalwart.orchestrator.worker.output import OutputCapture
 
@@ -176,6 +176,7 @@ class TrainWorker:
                 divergence_every=self.spec["health"]["divergence_every_steps"],
                 on_warning=self._warn,
                 output_dir=_output_dir(self.spec),
+                loss_guard=self.spec["health"]["loss_guard"]["enabled"],
             )
         ctx = self.ctx
         ctx.begin_generation(
@@ -240,6 +241,8 @@ class TrainWorker:
             # Failing to form the group is the infrastructure's fault, not the user's.
             if isinstance(e, RestoreFailed):
                 kind = "restore_failed"
+            elif isinstance(e, LossNotFinite):
+                kind = "loss_not_finite"
             elif is_comm_error(e) or not in_user_code:
                 kind = "comm_error"
             elif classify_exception(type(e).__name__, str(e)) is FailureKind.OOM:
@@ -426,6 +429,7 @@ class TrainWorker:
             ),
             fill_shm=lambda seconds: ray.get(self.agent.fill_shm.remote(seconds)),
             kill_job_on_node=self._kill_job_on_node,
+            poison_model=self.ctx.poison,
         )
 
     def _kill_job_on_node(self) -> None:

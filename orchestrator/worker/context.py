@@ -15,6 +15,7 @@ registered object, the RNG states and the step counter from the last committed s
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import time
@@ -44,6 +45,15 @@ class RestoreFailed(RuntimeError):
 
     def __init__(self, step: int, reason: str):
         super().__init__(f"cannot restore committed step {step}: {reason}")
+        self.step = step
+
+
+class LossNotFinite(ArithmeticError):
+    """The loss this rank reported for `step` is NaN or infinite (health.loss_guard): the
+    step is not checkpointed, and the job rolls back to its last committed step."""
+
+    def __init__(self, step: int, value: float):
+        super().__init__(f"the loss at step {step} was {value}")
         self.step = step
 
 
@@ -156,6 +166,7 @@ class TrainContext:
         divergence_every: int = 0,
         on_warning: Callable[[str], None] = lambda message: None,
         output_dir: str | None = None,
+        loss_guard: bool = True,
     ):
         self.rank = rank
         self.world_size = world_size
@@ -184,6 +195,8 @@ class TrainContext:
         self._on_warning = on_warning
         self._output_dir = output_dir
         self._checked_exactness = False
+        self._loss_guard = loss_guard
+        self._step_loss: float | None = None  # the loss reported during the current step
 
     def phase_faults(self, phase: str) -> None:
         """Carry out this generation's faults that fire `during` `phase` of a recovery
@@ -307,7 +320,10 @@ class TrainContext:
                 n = float(metrics.pop(key))
                 setattr(p, key, getattr(p, key) + n)
                 setattr(p, f"processed_{key}", getattr(p, f"processed_{key}") + n)
-        self.progress.metrics.update({k: float(v) for k, v in metrics.items()})
+        values = {k: float(v) for k, v in metrics.items()}
+        if "loss" in values:
+            self._step_loss = values["loss"]
+        self.progress.metrics.update(values)
 
     def steps(self) -> Iterator[int]:
         """Yield step indices from the last committed step to the end, checkpointing as it goes."""
@@ -326,7 +342,11 @@ class TrainContext:
             t0 = time.perf_counter()
             waited0 = group.collective_seconds
             p.step_started_at = time.time()
+            self._step_loss = None
             yield step
+            loss = self._step_loss
+            if self._loss_guard and loss is not None and not math.isfinite(loss):
+                raise LossNotFinite(step, loss)  # before this state can be checkpointed
             if self._slow > 1:
                 busy = time.perf_counter() - t0 - (group.collective_seconds - waited0)
                 time.sleep((self._slow - 1) * max(0.0, busy))
@@ -428,6 +448,19 @@ class TrainContext:
                     self._faults.remove(fault)
                 # The worker carries it out; kill_worker, kill_node and hang never return.
                 self._on_fault({**fault, "at": time.time(), "step": step})
+
+    def poison(self) -> None:
+        """Chaos nan_loss: one weight of each registered module becomes NaN."""
+        modules = [m for m in self._objects.values() if isinstance(m, torch.nn.Module)]
+        weights = [
+            next((p for p in m.parameters() if p.is_floating_point()), None) for m in modules
+        ]
+        weights = [w for w in weights if w is not None]
+        if not weights:
+            raise ValueError("chaos nan_loss: this rank registered no module with weights")
+        with torch.no_grad():
+            for w in weights:
+                w.view(-1)[0] = float("nan")
 
     def model_digest(self) -> str | None:
         model = self._objects.get("model")

@@ -174,7 +174,18 @@ def _storage_unavailable(result, events, verdict):
     assert inside is None or inside.step < failed[0]["step"]
 
 
+def _nan_loss(result, events, verdict):
+    [f] = result["failures"]
+    assert (f["kind"], f["rank"], f["step"], f["injected"]) == ("loss_not_finite", 2, 50, True)
+    [decision] = _of(events, "decision")
+    assert decision["action"] == "restart_group" and "roll back 1 of 3" in decision["reason"]
+    assert _of(events, "replaced") == []  # every worker stays
+    gen2 = _of(events, "generation")[1]
+    assert gen2["restore_step"] <= 50 and set(gen2["restore_tiers"]) == {"memory"}
+
+
 EXTRA = {
+    "nan-loss": _nan_loss,
     "storage-unavailable": _storage_unavailable,
     "kill-worker": _kill_worker,
     "hang": _hang,

@@ -130,3 +130,17 @@ def scheduler_loop(ctx) -> None:
     the scheduler (its schedule then starts over after a recovery)."""
     registered = ctx.config.get("register_scheduler", True)
     _cnn_loop(ctx, scheduler="registered" if registered else "unregistered")
+
+
+def nan_loss_loop(ctx) -> None:
+    """The GPT loop, except that rank `nan_rank` reports a NaN loss at step `nan_step`,
+    every time it runs that step (a bad batch: deterministic, as a replay is)."""
+    original = ctx.report
+
+    def report(**metrics):
+        if ctx.rank == ctx.config["nan_rank"] and ctx.progress.step == ctx.config["nan_step"]:
+            metrics["loss"] = float("nan")
+        original(**metrics)
+
+    ctx.report = report
+    gpt_loop(ctx)

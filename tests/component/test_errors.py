@@ -59,6 +59,26 @@ def test_user_error_retried_within_budget_then_fails(run):
     assert [f["kind"] for f in result["failures"]] == ["user_error", "user_error"]
 
 
+def test_a_loss_that_is_nan_again_after_the_roll_back_fails_the_job(run):
+    spec = small_spec(
+        entrypoint="tests/component/loops.py:nan_loss_loop",
+        config__nan_rank=1,
+        config__nan_step=12,
+    )
+    result = run(spec)
+    assert result["status"] == "failed"
+    err = result["error"]
+    assert (err["rank"], err["kind"]) == (1, "loss_not_finite")
+    assert "rank 1: the loss at step 12 was nan again after rolling back" in err["message"]
+    assert "the replay is bit-exact" in err["message"]
+    assert result["restarts"] == 1  # one roll back, then it gives up
+    assert [(f["kind"], f["step"]) for f in result["failures"]] == [("loss_not_finite", 12)] * 2
+    # The roll back kept every worker (nothing was lost) and went back before step 12.
+    assert [e for e in result["events"] if e["type"] == "replaced"] == []
+    gen2 = [e for e in result["events"] if e["type"] == "generation"][1]
+    assert gen2["restore_step"] is not None and gen2["restore_step"] <= 12
+
+
 def test_a_state_no_checkpoint_can_keep_fails_at_the_first_capture(run):
     # Refused when the initial state (step 0) is captured, not at the first restore after a
     # failure, hours into the run.

@@ -292,3 +292,52 @@ def test_a_restore_failure_is_the_infrastructures_and_restores_again():
     assert decision.action is Action.REPLACE and decision.ranks == (2,)
     decision, reason = decide([restore_failed(1)], budget(used=10), T0, CFG)
     assert decision.action is Action.FAIL and "restart budget exhausted" in reason
+
+
+def nan(rank: int, step: int = 30, at: float = T0) -> WorkerFailure:
+    return WorkerFailure(
+        FailureKind.LOSS_NOT_FINITE,
+        rank,
+        "node-a",
+        at,
+        step=step,
+        error_type="LossNotFinite",
+        message=f"the loss at step {step} was nan",
+    )
+
+
+def test_a_loss_that_is_not_finite_rolls_back_and_retries():
+    decision, reason = decide([nan(2), comm(1, at=T0 + 0.1)], budget(), T0, CFG)
+    assert decision == Decision(Action.RESTART_GROUP)  # every rank is alive
+    assert reason == (
+        "rank 2: the loss at step 30 was nan; roll back to the last committed step and "
+        "retry (roll back 1 of 3)"
+    )
+    # Not the user's error (user_error_retries=0 does not end it) and no node is suspected.
+    assert nan(2).failure_class.value == "numeric"
+
+
+def test_the_same_step_not_finite_again_after_a_roll_back_fails_the_job():
+    again = Budget(1, 10, 0, 0, loss_rollbacks=1, max_loss_rollbacks=3, loss_steps=(30,))
+    decision, reason = decide([nan(0, step=30)], again, T0, CFG)
+    assert decision.action is Action.FAIL
+    assert "again after rolling back: the replay is bit-exact" in reason
+    assert "a bad batch at step 30" in reason
+    # Another step: a new transient, rolled back while roll backs are left.
+    decision, _ = decide([nan(0, step=55)], again, T0, CFG)
+    assert decision.action is Action.RESTART_GROUP
+
+
+def test_loss_roll_backs_are_limited():
+    spent = Budget(3, 10, 0, 0, loss_rollbacks=3, max_loss_rollbacks=3, loss_steps=(5, 9, 14))
+    decision, reason = decide([nan(1, step=40)], spent, T0, CFG)
+    assert decision.action is Action.FAIL
+    assert reason.endswith("(health.loss_guard.max_rollbacks=3)")
+    no_restarts = Budget(10, 10, 0, 0)
+    decision, reason = decide([nan(1)], no_restarts, T0, CFG)
+    assert decision.action is Action.FAIL and "restart budget exhausted" in reason
+
+
+def test_a_dead_rank_beside_a_loss_not_finite_is_replaced():
+    decision, _ = decide([nan(1), died(3)], budget(), T0, CFG)
+    assert decision.action is Action.REPLACE and decision.ranks == (3,)
