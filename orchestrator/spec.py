@@ -310,8 +310,28 @@ class MetricsSpec(_Model):
     )
 
 
+PEER_FAULTS = ("kill_node", "drop_replicas", "gpu_xid")  # faults that may name peer_of_rank
+
+
 class _FaultBase(_Model):
     rank: int = Field(ge=0, description="the rank (or, for node faults, its node) to hit")
+    peer_of_rank: int | None = Field(
+        None,
+        ge=0,
+        description="instead of `rank` (kill_node, drop_replicas, gpu_xid): hit the node "
+        "that keeps the copies of this rank's shards (its first replica peer), through a "
+        "rank of the job there; the fault fires when that rank reaches at_step",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _peer_stands_for_rank(cls, data: Any) -> Any:
+        # With peer_of_rank, `rank` is the rank found on the holder's node when the fault is
+        # handed to a generation; until then it names the rank whose holder is meant.
+        if isinstance(data, dict) and data.get("peer_of_rank") is not None:
+            data = {"rank": data["peer_of_rank"], **data}
+        return data
+
     at_step: int = Field(ge=0, description="fires when the rank reaches this step (once)")
     after_commit: bool = Field(
         False,
@@ -518,6 +538,11 @@ class JobSpec(_Model):
         if not (r.cpu or r.gpu or any(r.custom.values())):
             raise ValueError("resources: a worker must ask for some cpu, gpu or custom resource")
         for i, fault in enumerate(self.chaos.faults):
+            if fault.peer_of_rank is not None and fault.kind not in PEER_FAULTS:
+                raise ValueError(
+                    f"chaos.faults.{i}.peer_of_rank: only for faults that hit a node "
+                    f"({', '.join(PEER_FAULTS)}), not {fault.kind}"
+                )
             if fault.rank >= self.max_workers:
                 raise ValueError(
                     f"chaos.faults.{i}.rank: must be < workers ({self.max_workers}), "

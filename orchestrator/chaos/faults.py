@@ -174,12 +174,14 @@ class FaultBook:
         emit: Callable[..., None],
         recovery: bool = False,
         reached: int = 0,
+        holder_of: Callable[[int], int | None] = lambda rank: None,
     ) -> list[dict[str, Any]]:
         """The faults a new generation's workers carry: those not fired yet; one that fires
         `during` a phase of a recovery only when this generation is one (`recovery`) and
         the job had `reached` its at_step. A kill_node of the node hosting the supervisor
         is refused (it would kill the supervisor and, on a cluster's head node, the
-        cluster), with the reason in the event log."""
+        cluster), with the reason in the event log. A fault naming `peer_of_rank` goes to
+        the rank `holder_of` finds on the node keeping that rank's copies."""
         out = []
         for i, f in enumerate(self.faults):
             if i in self.fired:
@@ -193,12 +195,20 @@ class FaultBook:
                 fault["live"] = True
             if f.kind == "kill_node":
                 fault["scope"] = self.node_scope
-            if f.kind == "fill_shm" and self.node_scope != "raylet":
+            holder = holder_of(f.peer_of_rank) if f.peer_of_rank is not None else None
+            if holder is not None:
+                fault["rank"] = holder
+            if f.peer_of_rank is not None and holder is None:
+                why = (
+                    f"no rank of this job runs on a node keeping copies of rank "
+                    f"{f.peer_of_rank}'s shards (one copy, or only spares there)"
+                )
+            elif f.kind == "fill_shm" and self.node_scope != "raylet":
                 why = (
                     "fill_shm fills a node's shared memory, which the machine's other "
                     "tenants use too: only on a cluster the command itself started"
                 )
-            elif f.kind == "kill_node" and node_of(f.rank) == home_node:
+            elif f.kind == "kill_node" and node_of(fault["rank"]) == home_node:
                 why = "the node hosting this rank also hosts the job's supervisor"
             else:
                 out.append(fault)

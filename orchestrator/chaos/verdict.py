@@ -85,7 +85,9 @@ def fault_rows(result: dict[str, Any], events: list[dict[str, Any]], faults: lis
             outcome = f"refused: {refused[i].get('reason', '')}"
         else:
             outcome = "not fired"
-        row = FaultRow(i, f["kind"], f["rank"], f["at_step"], outcome)
+        # The rank that carried it out (peer_of_rank: one on the node holding the copies).
+        rank = injected[i].get("rank", f["rank"]) if i in injected else f["rank"]
+        row = FaultRow(i, f["kind"], rank, f["at_step"], outcome)
         mine = [x for x in result.get("failures", []) if x.get("fault_index") == i]
         row.failures = len(mine)
         if mine:

@@ -448,6 +448,7 @@ class JobSupervisor:
             self.events.emit,
             recovery=self.gen.number >= 1,
             reached=self._reached(),
+            holder_of=self.ckpt.plan.holder_rank,
         )
         self.detect.start_generation(time.time())
         self.ledger.new_generation()

@@ -78,6 +78,17 @@ class ReplicaPlan:
             ),
         )
 
+    def holder_rank(self, rank: int) -> int | None:
+        """A rank on the node that keeps the copies of `rank`'s shards (its first replica
+        peer with a rank of the job), or None (one copy, or no rank there)."""
+        pool = self.pool
+        nodes = tuple(sorted(n for n in pool.agents if n not in pool.lost_nodes))
+        for node in replica_peers(nodes, self.spec.replicas).get(pool.node_of(rank), []):
+            there = [r for r in sorted(pool.workers) if pool.node_of(r) == node]
+            if there:
+                return there[0]
+        return None
+
     def replicated(
         self, own: dict[int, set[int]], live: Iterable[Mapping[int, Iterable[int]]]
     ) -> dict[int, set[int]]:

@@ -184,7 +184,18 @@ def _nan_loss(result, events, verdict):
     assert gen2["restore_step"] <= 50 and set(gen2["restore_tiers"]) == {"memory"}
 
 
+def _replica_holder_loss(result, events, verdict):
+    first, holder = sorted(_of(events, "fault_injected"), key=lambda e: e["index"])
+    assert first["rank"] == 0 and holder["rank"] != 0 and holder["node_id"] != first["node_id"]
+    assert {e["node"] for e in _of(events, "node_lost")} == {first["node_id"], holder["node_id"]}
+    # Both copies of those ranks' shards were on the two nodes: restored from storage.
+    gen2 = _of(events, "generation")[1]
+    assert gen2["restore_tiers"].get("durable", 0) >= 2, gen2
+    assert gen2["restore_step"] % 10 == 0 and gen2["restore_step"] <= 45
+
+
 EXTRA = {
+    "replica-holder-loss": _replica_holder_loss,
     "nan-loss": _nan_loss,
     "storage-unavailable": _storage_unavailable,
     "kill-worker": _kill_worker,

@@ -9,7 +9,7 @@ import pytest
 from stalwart.health.observations import FailureKind, WorkerFailure
 from stalwart.orchestrator.chaos.faults import FaultBook, InjectRefused
 from stalwart.orchestrator.observe.metrics import JobMetrics
-from stalwart.orchestrator.spec import validate
+from stalwart.orchestrator.spec import SpecError, validate
 from stalwart.orchestrator.supervisor.ledger import Ledger
 
 
@@ -192,3 +192,28 @@ def test_a_successor_numbers_live_faults_past_those_its_predecessor_injected():
     assert [(g["index"], g["kind"]) for g in _gen(book)] == [(4, "kill_worker")]
     book.seen([4], lambda etype, **kw: None)
     assert _gen(book) == []
+
+
+def test_a_fault_on_a_ranks_replica_holder_goes_to_a_rank_on_that_node():
+    book = _book(
+        {"kind": "kill_node", "rank": 0, "at_step": 40},
+        {"kind": "kill_node", "peer_of_rank": 0, "at_step": 40},
+    )
+    assert book.faults[1].rank == 0  # until a generation is handed it
+    events: list = []
+    emit = lambda etype, **kw: events.append((etype, kw))  # noqa: E731
+    out = book.for_generation(lambda r: f"n{r // 2}", "head", emit, holder_of={0: 2}.get)
+    assert [(f["index"], f["rank"], f["peer_of_rank"]) for f in out] == [
+        (0, 0, None),
+        (1, 2, 0),
+    ]
+    # No rank on a holder's node (one copy, or only spares there): refused, with the reason.
+    book = _book({"kind": "drop_replicas", "peer_of_rank": 1, "at_step": 5})
+    assert book.for_generation(lambda r: "n1", "head", emit, holder_of=lambda r: None) == []
+    [(kind, refused)] = events
+    assert kind == "fault_refused" and "copies of rank 1's shards" in refused["reason"]
+
+
+def test_peer_of_rank_is_for_faults_that_hit_a_node():
+    with pytest.raises(SpecError, match=r"chaos.faults.0.peer_of_rank: only for faults that hit"):
+        _book({"kind": "kill_worker", "peer_of_rank": 1, "at_step": 5})
