@@ -159,13 +159,6 @@ class FailureSpec(_Model):
         description="how long a lost rank's replacement may wait for capacity on a healthy "
         "node before the job fails",
     )
-    start_stall_s: float = Field(
-        30.0,
-        gt=0,
-        description="a replacement Ray has not started within this many seconds is asked "
-        "for again (Ray can lose an actor's placement when a node dies while it places it); "
-        "all tries together stay within failure.replacement_timeout_s",
-    )
     restore_timeout_s: float = Field(
         120.0,
         gt=0,

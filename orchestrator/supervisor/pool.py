@@ -35,6 +35,7 @@ from stalwart.orchestrator.worker.actor import TrainWorker
 AGENT_PREFIX = "stalwart-agent-"
 NODE_PING_TIMEOUT_S = 1.0  # a dead worker's node must answer this fast to keep its bundle
 ATTACH_TIMEOUT_S = 30.0
+SLOT_CHECK_S = 2.0  # how often a replacement waiting for its slot checks the slot's node
 # An actor that is gone, or that cannot be reached (its node is down).
 ActorGone = (RayActorError, ActorUnavailableError)
 
@@ -281,18 +282,15 @@ class WorkerPool:
         attach is started again, within the same time."""
         deadline = time.monotonic() + timeout_s
         pending = {self.workers[r].ready.remote(): r for r in ranks}
-        asked = dict.fromkeys(pending, time.monotonic())
         while pending:
-            now = time.monotonic()
-            wait_s = max(deadline - now, 0)
+            wait_s = max(deadline - time.monotonic(), 0)
             if allow_missing:
-                oldest = min(asked[p] for p in pending)
-                wait_s = min(wait_s, max(oldest + self.spec.failure.start_stall_s - now, 0))
+                wait_s = min(wait_s, SLOT_CHECK_S)
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=wait_s)
             if not ready:
                 if not allow_missing or time.monotonic() >= deadline:
                     break
-                self._ask_again(pending, asked)
+                self._move_off_dead_slots(pending)
                 continue
             attaching, failed = {}, {}
             for ref in ready:  # one at a time only to tell which one died
@@ -322,7 +320,7 @@ class WorkerPool:
             for rank, why in sorted(failed.items()):
                 if not allow_missing:
                     raise SchedulingError(f"a worker failed to start (rank {rank}): {why}")
-                self._restart(rank, f"{why}; starting another", pending, asked)
+                self._restart(rank, f"{why}; starting another", pending)
         missing = sorted(pending.values())
         if missing and not allow_missing:
             raise SchedulingError(
@@ -332,31 +330,30 @@ class WorkerPool:
             )
         return missing
 
-    def _ask_again(self, pending: dict[Any, int], asked: dict[Any, float]) -> None:
-        """Start again the replacements Ray has not started within failure.start_stall_s:
-        an actor's placement can stall for good when a node dies while Ray places it
-        (ray-project/ray#63405), and one stalled request must not use up the whole
-        failure.replacement_timeout_s."""
-        stall_s = self.spec.failure.start_stall_s
-        now = time.monotonic()
-        for ref in [p for p in pending if now - asked[p] >= stall_s]:
-            rank = pending.pop(ref)
-            why = f"Ray had not started it after {stall_s:g} s; asking again"
-            self._restart(rank, why, pending, asked)
+    def _move_off_dead_slots(self, pending: dict[Any, int]) -> None:
+        """Start again, elsewhere, the pending replacements whose slot is on a node that has
+        died since (Ray reports it dead, or the supervisor lost it): one waiting for a slot
+        there would wait for good. Ray places the others itself as nodes come and go."""
+        self._note_dead_nodes()
+        bad = self.bad_nodes()
+        for ref, rank in list(pending.items()):
+            slot = self.bundle_of.get(rank)
+            if slot is not None and self.slots.node_of(slot) in bad:
+                del pending[ref]
+                self._restart(rank, "its slot's node has died; starting it elsewhere", pending)
 
-    def _restart(
-        self, rank: int, why: str, pending: dict[Any, int], asked: dict[Any, float]
-    ) -> None:
+    def _note_dead_nodes(self) -> None:
+        self.dead_in_ray |= {n["NodeID"] for n in ray.nodes() if not n.get("Alive")}
+
+    def _restart(self, rank: int, why: str, pending: dict[Any, int]) -> None:
         """Start `rank`'s replacement again, away from any node Ray now knows is dead (the
         slot it had there is released)."""
         self._emit("replacement_failed", rank=rank, reason=why)
         ray.kill(self.workers[rank], no_restart=True)
-        self.dead_in_ray |= {n["NodeID"] for n in ray.nodes() if not n.get("Alive")}
+        self._note_dead_nodes()
         self.bundle_of[rank] = self.usable_bundle(self.bundle_of.get(rank))
         self.workers[rank] = self.create_worker(rank, self.bundle_of[rank])
-        ref = self.workers[rank].ready.remote()
-        pending[ref] = rank
-        asked[ref] = time.monotonic()
+        pending[self.workers[rank].ready.remote()] = rank
 
     # --- spares -----------------------------------------------------------------------------
 

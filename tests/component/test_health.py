@@ -161,19 +161,12 @@ def test_elastic_shrink_when_no_capacity_and_grow_back(multinode, tmp_path, mbas
         resources={"cpu": WORKER_NODE_CPUS},
         steps=500,
         failure__replacement_timeout_s=4,
-        failure__start_stall_s=1.5,
         chaos__faults=[{"kind": "kill_node", "rank": 1, "at_step": 20}],
     )
     out = tmp_path / "elastic"
     runner, box = _start(multinode, spec, out)
     shrunk = _wait_for_event(out, "resized", timeout_s=120)
     assert (shrunk["old"], shrunk["new"]) == (4, 3)
-    # While it waited, the replacement Ray could not place was asked for again each
-    # failure.start_stall_s (a placement Ray lost would have been recovered so), and none
-    # of those requests is left to take the room that returns below.
-    events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
-    again = [e for e in events if e["type"] == "replacement_failed"]
-    assert again and all("asking again" in e["reason"] for e in again), again
     # The lost node's slot was given back: no placement group is left for Ray to re-place
     # (which, with no room anywhere, keeps Ray's GCS busy; see orchestrator/supervisor/slots.py).
     from ray.util.placement_group import placement_group_table
