@@ -124,7 +124,12 @@ class Recovery:
         replace |= also
         # Ranks found dead while releasing (a second node lost at once) get the same check.
         self._confirm_nodes(extra, work)
-        work.requeue = [f for f in extra if f.kind is not FailureKind.COMM_ERROR]
+        # What the release surfaced about a rank this recovery does not replace wants a
+        # decision of its own; a replaced rank's failure is handled here (decided again,
+        # it would replace the rank's new worker).
+        work.requeue = [
+            f for f in extra if f.kind is not FailureKind.COMM_ERROR and f.rank not in replace
+        ]
         t_aborted = time.time()
 
         # 2. Replace lost ranks: a warm spare on a healthy node if one is ready, else a new
