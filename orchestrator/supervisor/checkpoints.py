@@ -60,7 +60,9 @@ class Checkpoints:
         self._dropped_below: int | None = None
         self._prune_seq = 0  # numbers the agents' prune calls (they may overtake)
         persist = spec.checkpoint.persist
-        self.persister = Persister(persist, spec.name, emit) if persist.uri else None
+        self.persister = (
+            Persister(persist, spec.name, emit, run=pool.store_key) if persist.uri else None
+        )
         self.resumed_from: int | None = None
 
     # --- what memory holds ------------------------------------------------------------------
@@ -214,7 +216,7 @@ class Checkpoints:
         self.commit.reset(self.in_memory())
         durable = None
         if self.commit.committed is None:
-            durable = self.durable_restore_point()
+            durable = self.durable_restore_point(this_run=True)
             if durable is None:
                 self._emit(
                     "restart_from_scratch",
@@ -270,21 +272,38 @@ class Checkpoints:
 
     # --- durable tier -----------------------------------------------------------------------
 
-    def durable_restore_point(self) -> Manifest | None:
+    def durable_restore_point(self, this_run: bool = False) -> Manifest | None:
         """The newest durable checkpoint of this job and world size that verifies (every
-        shard's size and sha256); each newer one skipped is reported with its reason."""
+        shard's size and sha256); each newer one skipped is reported with its reason.
+        `this_run` (a recovery): only steps this run wrote, or the one it resumed from and
+        those before it; another run of the job under the same URI (`--resume never`, or
+        one that went further) is not this run's past."""
         if self.persister is None:
             return None
         store = self.persister.store
         below = min(self.bad_durable) - 1 if self.bad_durable else None
-        try:
-            manifest, skipped = store.newest_valid(self.pool.world, at_most=below)
-        except DurableError as e:
-            self._emit("durable_unavailable", reason=f"{store.describe()}: {e}")
-            return None
-        for step, why in skipped:
-            self._emit("checkpoint_skipped", step=step, reason=why)
-        return manifest
+        while True:
+            try:
+                manifest, skipped = store.newest_valid(self.pool.world, at_most=below)
+            except DurableError as e:
+                self._emit("durable_unavailable", reason=f"{store.describe()}: {e}")
+                return None
+            for step, why in skipped:
+                self._emit("checkpoint_skipped", step=step, reason=why)
+            if manifest is None or not this_run or self._of_this_run(manifest):
+                return manifest
+            self._emit(
+                "checkpoint_skipped",
+                step=manifest.step,
+                reason=f"written by another run of the job ({manifest.extra.get('run')}), "
+                "not this run's past",
+            )
+            below = manifest.step - 1
+
+    def _of_this_run(self, manifest: Manifest) -> bool:
+        if self.persister is not None and manifest.extra.get("run") == self.persister.run:
+            return True
+        return self.resumed_from is not None and manifest.step <= self.resumed_from
 
     def resume_point(self, resume: str) -> Manifest | None:
         """Whole-job resume at start (`stalwart run --resume auto|never|STEP`)."""

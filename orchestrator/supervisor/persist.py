@@ -26,8 +26,12 @@ FAILURE_COOLDOWN_S = 5.0  # after a failed attempt, the next one waits this long
 
 
 class Persister:
-    def __init__(self, spec: PersistSpec, job: str, emit: Callable[..., None]):
+    def __init__(
+        self, spec: PersistSpec, job: str, emit: Callable[..., None], run: str | None = None
+    ):
+        """`run`: this run of the job (its store key), written into every manifest."""
         self.spec = spec
+        self.run = run
         self.store = DurableStore(spec.uri, job, retries=spec.retries, backoff_s=spec.backoff_s)
         self.target = self.store.target
         self._emit = emit
@@ -120,7 +124,8 @@ class Persister:
 
     def _finish(self, job: dict[str, Any], records: list[ShardRecord]) -> None:
         try:
-            self.store.write_manifest(job["step"], job["world"], records)
+            extra = {"run": self.run} if self.run else None
+            self.store.write_manifest(job["step"], job["world"], records, extra=extra)
             pruned = self.store.prune(self.spec.keep_last)
         except (DurableError, OSError, ValueError) as e:
             self._failed(job, _cause(e))
