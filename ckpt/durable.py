@@ -643,14 +643,18 @@ class DurableStore:
 
     # -- pruning ------------------------------------------------------------------------
 
-    def prune(self, keep_last: int) -> list[int]:
+    def prune(self, keep_last: int, newest: int | None = None) -> list[int]:
         """Keep the newest `keep_last` complete steps; delete older complete steps and the
         incomplete directories older than the newest complete step (left by failed
         writes). Incomplete directories newer than it may be being written: they stay.
-        Returns the deleted steps, ascending."""
+        `newest`: the step the caller just wrote; steps above it (another run of the job
+        that went further) are not counted and stay. Returns the deleted steps, ascending."""
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-        complete, incomplete = self.split_complete(self.steps())
+        steps = self.steps()
+        if newest is not None:
+            steps = [s for s in steps if s <= newest]
+        complete, incomplete = self.split_complete(steps)
         if not complete:
             return []
         newest = complete[-1]

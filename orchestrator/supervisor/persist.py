@@ -126,7 +126,7 @@ class Persister:
         try:
             extra = {"run": self.run} if self.run else None
             self.store.write_manifest(job["step"], job["world"], records, extra=extra)
-            pruned = self.store.prune(self.spec.keep_last)
+            pruned = self.store.prune(self.spec.keep_last, newest=job["step"])
         except (DurableError, OSError, ValueError) as e:
             self._failed(job, _cause(e))
             return

@@ -761,6 +761,19 @@ def test_prune(uri, make_store):
         store.prune(0)
 
 
+def test_prune_leaves_the_steps_above_the_one_just_written(uri, make_store):
+    # Another run of the job went to step 120; this one writes 10, 20, 30 with keep_last=2:
+    # it keeps its own newest two, and 120 is not counted against them.
+    store = make_store(uri)
+    write_step(store, 120)
+    pruned = []
+    for step in (10, 20, 30):
+        write_step(store, step)
+        pruned += store.prune(keep_last=2, newest=step)
+    assert pruned == [10]
+    assert store.steps() == [20, 30, 120]
+
+
 def test_prune_without_complete_steps_deletes_nothing(uri, make_store):
     store = make_store(uri)
     assert store.prune(1) == []
