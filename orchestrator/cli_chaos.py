@@ -218,7 +218,8 @@ def inject(
     finally:
         ray.shutdown()
     if "error" in answer:
-        err.print(f"[red]error:[/red] {answer['error']}", highlight=False, soft_wrap=True)
+        later = " (it takes faults again once it is RUNNING)" if answer.get("retry") else ""
+        err.print(f"[red]error:[/red] {answer['error']}{later}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)
     fault = answer["fault"]
     if fmt == "json":

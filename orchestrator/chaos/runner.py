@@ -196,6 +196,9 @@ class AlertWatch:
         return dict(self.fired)
 
 
+RETRY_S = 60.0  # how long a timed fault waits for a recovering job to run again
+
+
 class TimedInjector:
     """Injects the scenario's timed faults into the running chaos job (through its
     supervisor, as `stalwart chaos inject` does): each at its offset after the job first
@@ -230,11 +233,17 @@ class TimedInjector:
             if self._done.wait(max(started + t.after_s - time.time(), 0.0)):
                 break
             request = {**t.fault, "by": "stalwart chaos run", "allow_remote": self.allow_remote}
-            try:
-                sup = ray.get_actor(f"stalwart-{self.job}", namespace="stalwart")
-                answer = ray.get(sup.inject.remote(request), timeout=30)
-            except Exception as e:  # the job ended, or its supervisor is being replaced
-                answer = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            # A job that is recovering takes it once it runs again (within RETRY_S).
+            until = time.monotonic() + RETRY_S
+            while True:
+                try:
+                    sup = ray.get_actor(f"stalwart-{self.job}", namespace="stalwart")
+                    answer = ray.get(sup.inject.remote(request), timeout=30)
+                except Exception as e:  # the job ended, or its supervisor is being replaced
+                    answer = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+                if not answer.get("retry") or time.monotonic() > until or self._done.wait(0.5):
+                    break
+            answer.pop("retry", None)
             self.answers.append((t, answer))
 
     def finish(self) -> list[tuple[TimedFault, dict[str, Any]]]:

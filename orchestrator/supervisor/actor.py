@@ -193,7 +193,8 @@ class JobSupervisor:
         """`stalwart chaos inject`: a fault fired before its rank's next step, logged with who
         asked (`by`), what and when. Returns {"fault": ...} or {"error": why}."""
         if self.sm.state is not JobState.RUNNING:
-            return {"error": f"job {self.spec.name} is {self.sm.state.value}, not RUNNING"}
+            why = f"job {self.spec.name} is {self.sm.state.value}, not RUNNING"
+            return {"error": why, "retry": not self.sm.state.terminal}
         step = self._step()  # takes self._lock itself
         try:
             with self._lock:
