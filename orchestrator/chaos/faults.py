@@ -18,12 +18,18 @@ from pydantic import TypeAdapter, ValidationError
 
 from stalwart.health.observations import FailureKind, WorkerFailure
 from stalwart.orchestrator.spec import Fault, JobSpec, _format_error
+from stalwart.orchestrator.state import JobState
 
 _FAULT = TypeAdapter(Fault)
 
 
 class InjectRefused(ValueError):
-    """A `stalwart chaos inject` request that is wrong or not allowed."""
+    """A `stalwart chaos inject` request that is wrong or not allowed (`retry`: not now,
+    the job is not running yet or is recovering)."""
+
+    def __init__(self, message: str, retry: bool = False):
+        super().__init__(message)
+        self.retry = retry
 
 
 NODE_FAULTS = ("kill_node", "gpu_xid")  # faults that hit the node hosting the rank
@@ -89,12 +95,18 @@ class FaultBook:
         spec: JobSpec,
         owned: bool,
         ranks_on: Callable[[str], list[int]],
+        state: JobState = JobState.RUNNING,
     ) -> dict[str, Any]:
         """A fault for the running job (`stalwart chaos inject`): `request` has the kind,
         `rank` or `node` (an id or a unique prefix of one), the kind's own fields, who
         asked (`by`) and `allow_remote`. It fires before the target rank's next step
         (`step` + 1). Returns it as a generation carries it (`live`: at that step or the
-        first after); InjectRefused says why not (the opt-ins `owned` does not waive)."""
+        first after); InjectRefused says why not (the opt-ins `owned` does not waive, a
+        job in `state` other than RUNNING)."""
+        if state is not JobState.RUNNING:
+            raise InjectRefused(
+                f"job {spec.name} is {state.value}, not RUNNING", retry=not state.terminal
+            )
         refused = self.refusal(spec.name, owned, spec.chaos.enabled, request)
         if refused:
             raise InjectRefused(refused)

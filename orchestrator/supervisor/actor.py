@@ -192,17 +192,14 @@ class JobSupervisor:
     def inject(self, request: dict[str, Any]) -> dict[str, Any]:
         """`stalwart chaos inject`: a fault fired before its rank's next step, logged with who
         asked (`by`), what and when. Returns {"fault": ...} or {"error": why}."""
-        if self.sm.state is not JobState.RUNNING:
-            why = f"job {self.spec.name} is {self.sm.state.value}, not RUNNING"
-            return {"error": why, "retry": not self.sm.state.terminal}
         step = self._step()  # takes self._lock itself
         try:
             with self._lock:
                 fault = self.faults.add_live(
-                    request, step, self.spec, self.owned_cluster, self.pool.ranks_on
+                    request, step, self.spec, self.owned_cluster, self.pool.ranks_on, self.sm.state
                 )
         except InjectRefused as e:
-            return {"error": str(e)}
+            return {"error": str(e), "retry": e.retry}
         self.events.emit("fault_requested", **fault, by=request.get("by"))
         if fault["rank"] in self.pool.workers:  # else the rank's next worker carries it
             self.pool.workers[fault["rank"]].add_fault.remote(fault)

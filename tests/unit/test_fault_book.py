@@ -217,3 +217,17 @@ def test_a_fault_on_a_ranks_replica_holder_goes_to_a_rank_on_that_node():
 def test_peer_of_rank_is_for_faults_that_hit_a_node():
     with pytest.raises(SpecError, match=r"chaos.faults.0.peer_of_rank: only for faults that hit"):
         _book({"kind": "kill_worker", "peer_of_rank": 1, "at_step": 5})
+
+
+def test_a_job_that_is_not_running_takes_no_live_fault_yet():
+    from stalwart.orchestrator.state import JobState
+
+    book = _book()
+    request = {"kind": "kill_worker", "rank": 1}
+    with pytest.raises(InjectRefused, match="is RECOVERING, not RUNNING") as later:
+        book.add_live(request, 5, _spec(), True, {}.get, JobState.RECOVERING)
+    assert later.value.retry  # it takes faults again once it runs
+    with pytest.raises(InjectRefused, match="is SUCCEEDED") as never:
+        book.add_live(request, 5, _spec(), True, {}.get, JobState.SUCCEEDED)
+    assert not never.value.retry
+    assert book.faults == []
