@@ -14,8 +14,6 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     StrictInt,
@@ -23,6 +21,24 @@ from pydantic import (
     ValidationError,
     field_validator,
     model_validator,
+)
+
+from stalwart.orchestrator.spec_faults import (  # noqa: F401 (re-exported)
+    PEER_FAULTS,
+    ChaosSpec,
+    CorruptShard,
+    DropReplicas,
+    Fault,
+    FillShm,
+    GpuXid,
+    Hang,
+    KillNode,
+    KillSupervisor,
+    KillWorker,
+    NanLoss,
+    Slow,
+    StorageUnavailable,
+    _Model,
 )
 
 ENTRYPOINT_RE = re.compile(
@@ -37,10 +53,6 @@ class SpecError(ValueError):
         self.source = source
         self.errors = errors
         super().__init__(f"{source}: " + "; ".join(errors))
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Resources(_Model):
@@ -301,153 +313,6 @@ class MetricsSpec(_Model):
         description="keep serving the final values this long after the job ends, so a "
         "Prometheus scraping every N s sees the end state (set it above the scrape interval)",
     )
-
-
-PEER_FAULTS = ("kill_node", "drop_replicas", "gpu_xid")  # faults that may name peer_of_rank
-
-
-class _FaultBase(_Model):
-    rank: int = Field(ge=0, description="the rank (or, for node faults, its node) to hit")
-    peer_of_rank: int | None = Field(
-        None,
-        ge=0,
-        description="instead of `rank` (kill_node, drop_replicas, gpu_xid): hit the node "
-        "that keeps the copies of this rank's shards (its first replica peer), through a "
-        "rank of the job there; the fault fires when that rank reaches at_step",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _peer_stands_for_rank(cls, data: Any) -> Any:
-        # With peer_of_rank, `rank` is the rank found on the holder's node when the fault is
-        # handed to a generation; until then it names the rank whose holder is meant.
-        if isinstance(data, dict) and data.get("peer_of_rank") is not None:
-            data = {"rank": data["peer_of_rank"], **data}
-        return data
-
-    at_step: int = Field(ge=0, description="fires when the rank reaches this step (once)")
-    after_commit: bool = Field(
-        False,
-        description="first wait (at most 60 s, the rank paused) until the newest snapshot at "
-        "or before at_step is committed, so the fault's restore point is known: a loss "
-        "tested without racing the copies to peers (the event says which step was committed)",
-    )
-    during: Literal["replace", "rendezvous", "restore"] | None = Field(
-        None,
-        description="fire instead in this phase of the first recovery after the job "
-        "reached at_step: as the rank's replacement starts (replace: kill_worker only, the "
-        "new process dies before it joins), as the rank joins the new group (rendezvous) "
-        "or while it loads the restore step (restore): a failure during a recovery",
-    )
-
-
-class KillWorker(_FaultBase):
-    """SIGKILL the worker holding ``rank``."""
-
-    kind: Literal["kill_worker"]
-
-
-class KillNode(_FaultBase):
-    """Kill every Ray process of the node hosting ``rank``: its raylet and all its workers."""
-
-    kind: Literal["kill_node"]
-
-
-class Hang(_FaultBase):
-    """Block ``rank``'s step forever (its heartbeat thread keeps beating)."""
-
-    kind: Literal["hang"]
-
-
-class Slow(_FaultBase):
-    """Make ``rank``'s compute ``factor`` times slower from ``at_step`` on. With
-    ``at_step: 0`` its node is slow from the start, preflight check included."""
-
-    kind: Literal["slow"]
-    factor: float = Field(3.0, gt=1, description="compute time multiplier")
-
-
-class GpuXid(_FaultBase):
-    """The fake GPU probe of the node hosting ``rank`` reports Xid ``xid`` on that rank's GPU."""
-
-    kind: Literal["gpu_xid"]
-    xid: int = Field(ge=1, description="the NVIDIA Xid code, e.g. 79 (fallen off the bus)")
-
-
-# An open union discriminated by ``kind``.
-class DropReplicas(_FaultBase):
-    """Wipe the memory of the node hosting ``rank``: its own shards and the copies it keeps
-    for its peers, and refuse copies of steps up to ``at_step`` still on their way."""
-
-    kind: Literal["drop_replicas"]
-
-
-class StorageUnavailable(_FaultBase):
-    """The durable target fails every read and write for ``seconds`` from ``at_step`` on."""
-
-    kind: Literal["storage_unavailable"]
-    seconds: float = Field(gt=0, description="how long the persist target fails")
-
-
-class CorruptShard(_FaultBase):
-    """Flip a byte in every shard of ``rank`` that its node's own store holds, and in the
-    next ``following`` it is handed (damaged memory, a torn write): damaged shards are
-    never copied to peers, and a restore from one finds the checksum wrong and restores
-    from the next source (another node's copy, an older commit)."""
-
-    kind: Literal["corrupt_shard"]
-    following: int = Field(5, ge=0, description="later hand-overs damaged too")
-
-
-class FillShm(_FaultBase):
-    """Fill the file system of the node's checkpoint.shm_dir to its last byte for
-    ``seconds`` (another tenant, a leak): new shards no longer fit there and the node keeps
-    them in its agent's memory. Only on a cluster the command started, and a file system of
-    at most 4 GiB (a scenario's cluster.shm_bytes): a larger one would be the machine's RAM."""
-
-    kind: Literal["fill_shm"]
-    seconds: float = Field(30.0, gt=0, description="how long the file system stays full")
-
-
-class NanLoss(_FaultBase):
-    """Make one weight of ``rank``'s registered model NaN before ``at_step`` (a bit flip, a
-    bad kernel): its loss goes NaN, and through the all-reduce of the gradients every rank's
-    model. The loss guard (health.loss_guard) must stop it before that state is
-    checkpointed; the job rolls back and ends with the failure-free model."""
-
-    kind: Literal["nan_loss"]
-
-
-class KillSupervisor(_FaultBase):
-    """Kill the job's supervisor actor when ``rank`` reaches ``at_step``."""
-
-    kind: Literal["kill_supervisor"]
-
-
-Fault = Annotated[
-    KillWorker
-    | KillNode
-    | Hang
-    | Slow
-    | GpuXid
-    | DropReplicas
-    | StorageUnavailable
-    | KillSupervisor
-    | CorruptShard
-    | FillShm
-    | NanLoss,
-    Field(discriminator="kind"),
-]
-
-
-class ChaosSpec(_Model):
-    enabled: bool = Field(
-        False,
-        description="allow these faults on a cluster this command did not start (with "
-        "--allow-remote on the command): on an embedded Ray, or a cluster `stalwart chaos "
-        "run` started itself, faults need no opt-in",
-    )
-    faults: list[Fault] = Field(default_factory=list)
 
 
 class WorkerRange(_Model):

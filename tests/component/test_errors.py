@@ -131,7 +131,14 @@ def test_validate_ok_and_set_overrides(tmp_path):
     spec = json.loads(proc.stdout)
     assert spec["steps"] == 77
     assert spec["chaos"]["faults"] == [
-        {"kind": "kill_worker", "rank": 2, "at_step": 30, "after_commit": False, "during": None}
+        {
+            "kind": "kill_worker",
+            "rank": 2,
+            "at_step": 30,
+            "after_commit": False,
+            "during": None,
+            "peer_of_rank": None,
+        }
     ]
     proc = stalwart("validate", str(path), "--set", "checkpoint.every_steps=0")
     assert proc.returncode == 2

@@ -194,7 +194,12 @@ def test_health_section_of_the_wrong_type():
 def test_new_fault_kinds_parse(fault, cls):
     (parsed,) = validate(with_faults(fault)).chaos.faults
     assert type(parsed) is cls
-    assert parsed.model_dump() == {"after_commit": False, "during": None, **fault}
+    assert parsed.model_dump() == {
+        "after_commit": False,
+        "during": None,
+        "peer_of_rank": None,
+        **fault,
+    }
 
 
 def test_slow_factor_defaults_to_three():
