@@ -396,6 +396,15 @@ class JobSpec(_Model):
         if not (r.cpu or r.gpu or any(r.custom.values())):
             raise ValueError("resources: a worker must ask for some cpu, gpu or custom resource")
         for i, fault in enumerate(self.chaos.faults):
+            if fault.during == "persist" and (
+                fault.kind != "kill_node" or not self.checkpoint.persist.uri
+            ):
+                raise ValueError(
+                    f"chaos.faults.{i}.during: persist is for a kill_node of a job with "
+                    f"checkpoint.persist.uri set (got {fault.kind}"
+                    + ("" if self.checkpoint.persist.uri else ", and no persist.uri")
+                    + ")"
+                )
             if fault.peer_of_rank is not None and fault.kind not in PEER_FAULTS:
                 raise ValueError(
                     f"chaos.faults.{i}.peer_of_rank: only for faults that hit a node "

@@ -41,12 +41,15 @@ class _FaultBase(_Model):
         "or before at_step is committed, so the fault's restore point is known: a loss "
         "tested without racing the copies to peers (the event says which step was committed)",
     )
-    during: Literal["replace", "rendezvous", "restore"] | None = Field(
+    during: Literal["replace", "rendezvous", "restore", "persist"] | None = Field(
         None,
         description="fire instead in this phase of the first recovery after the job "
         "reached at_step: as the rank's replacement starts (replace: kill_worker only, the "
         "new process dies before it joins), as the rank joins the new group (rendezvous) "
-        "or while it loads the restore step (restore): a failure during a recovery",
+        "or while it loads the restore step (restore): a failure during a recovery; or "
+        "(persist: kill_node only) while the rank's node writes its shards of the first "
+        "durable checkpoint at or after at_step, after its first shard and before the "
+        "manifest",
     )
 
 

@@ -235,13 +235,18 @@ class NodeAgent:
             self._durable[key] = open_store(target)
         return self._durable[key]
 
-    def persist(self, target: dict[str, Any], step: int, ranks: list[int]) -> list[dict]:
+    def persist(
+        self, target: dict[str, Any], step: int, ranks: list[int], fault: dict | None = None
+    ) -> list[dict]:
         """Write `ranks`' shards of `step` from this node's memory to the durable target
         (blocking this call's thread only; retries with backoff inside). Returns the shard
-        records for the manifest; raises DurableError when the target keeps failing."""
+        records for the manifest; raises DurableError when the target keeps failing.
+        `fault`: chaos `during: persist`, a kill_node carried out after the first shard."""
         store = self._durable_store(target)
         records = []
         for rank in ranks:
+            if fault is not None and records:
+                self._die_for(fault)
             snap = self.get_shard(rank, step)
             if snap is None:
                 raise RuntimeError(
@@ -250,7 +255,17 @@ class NodeAgent:
                     f"and {self.replicas.stored().get(rank, [])} as copies)"
                 )
             records.append(dataclasses.asdict(store.write_shard(step, rank, snap)))
+        if fault is not None:
+            self._die_for(fault)  # this node wrote one shard only: the first one
         return records
+
+    def _die_for(self, fault: dict[str, Any]) -> None:
+        """Carry out a kill_node on this node, from this agent: the raylet and all under it
+        on a cluster the command started, else the job's processes here. Never returns."""
+        self.note_fault(fault["index"])
+        if fault.get("scope") == "raylet":
+            chaos_actions.kill_node()
+        self.kill_job_here(-1)
 
     def storage_outage(self, target: dict[str, Any], seconds: float) -> None:
         """Chaos storage_unavailable: this node's writes to `target` fail for `seconds`."""

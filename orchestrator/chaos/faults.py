@@ -162,6 +162,47 @@ class FaultBook:
         record({**fault, "at": time.time(), "node_id": node})
         return True
 
+    def persisting(
+        self,
+        step: int,
+        nodes: Iterable[str],
+        node_of: Callable[[int], str],
+        record: Callable[[dict], None],
+    ) -> dict[str, dict[str, Any]]:
+        """The `during: persist` faults due as durable `step` is written by `nodes`: node
+        -> the fault its agent carries out after its first shard (each recorded with
+        `record`, as a worker's record_fault would, and fired once)."""
+        out: dict[str, dict[str, Any]] = {}
+        nodes = set(nodes)
+        with self._lock:
+            for i, f in enumerate(self.faults):
+                if f.during != "persist" or i in self.fired or step < f.at_step:
+                    continue
+                try:
+                    node = node_of(f.rank)
+                except KeyError:  # no such rank now (an elastic shrink)
+                    continue
+                if node not in nodes or node in out:
+                    continue
+                self.fired.add(i)
+                out[node] = {
+                    **f.model_dump(mode="json"),
+                    "index": i,
+                    "step": step,
+                    "scope": self.node_scope,
+                    "node_id": node,
+                }
+        for fault in out.values():
+            record({**fault, "at": time.time()})
+        return out
+
+    def wire(self, pool: Any, ckpt: Any, reached: Callable[[], int], record: Callable) -> None:
+        """Hand the supervisor's collaborators the faults they carry out themselves: a kill
+        of a replacement as it starts (`during: replace`), a node's death while it writes
+        a durable checkpoint (`during: persist`)."""
+        pool.chaos_replace = lambda rank, node: self.replacing(rank, reached(), node, record)
+        ckpt.chaos_persist = lambda step, nodes: self.persisting(step, nodes, pool.node_of, record)
+
     def slow_at_start(self) -> dict[int, float]:
         """rank -> slow-down factor of the unfired `slow` faults at step 0 (preflight
         times the matmul with it)."""
@@ -198,8 +239,8 @@ class FaultBook:
         for i, f in enumerate(self.faults):
             if i in self.fired:
                 continue
-            if f.during == "replace":
-                continue  # the supervisor's own (replacing)
+            if f.during in ("replace", "persist"):
+                continue  # the supervisor's own (replacing, persisting)
             if f.during is not None and not (recovery and reached >= f.at_step):
                 continue
             fault = {**f.model_dump(mode="json"), "index": i}

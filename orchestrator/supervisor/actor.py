@@ -104,9 +104,7 @@ class JobSupervisor:
             self.ledger,
             emit,
         )
-        self.pool.chaos_replace = lambda rank, node: self.faults.replacing(
-            rank, self._reached(), node, self.record_fault
-        )
+        self.faults.wire(self.pool, self.ckpt, self._reached, self.record_fault)
         if adopt:  # what the dead supervisor's account held (the driver kept its events)
             self.ledger.carry(adopt)
             self.recovery.restarts = adopt.get("recoveries", 0)

@@ -64,6 +64,9 @@ class Checkpoints:
             Persister(persist, spec.name, emit, run=pool.store_key) if persist.uri else None
         )
         self.resumed_from: int | None = None
+        # Chaos `during: persist`: (step, writing nodes) -> node -> the fault its agent
+        # carries out while it writes (FaultBook.wire sets it).
+        self.chaos_persist: Callable[[int, list[str]], dict[str, dict]] = lambda s, n: {}
 
     # --- what memory holds ------------------------------------------------------------------
 
@@ -362,7 +365,8 @@ class Checkpoints:
                 return False  # (a shrink or rekey moved it): next time
             node = holdings.pick(nodes, pool.worker_info.get(rank, {}).get("node_id"))
             assignment.setdefault(node, (pool.agents[node], []))[1].append(rank)
-        self.persister.start(due, pool.world, assignment)
+        faults = self.chaos_persist(due, list(assignment))
+        self.persister.start(due, pool.world, assignment, faults)
         self.trim(step)
         return True
 

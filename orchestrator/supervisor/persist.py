@@ -82,10 +82,18 @@ class Persister:
             return committed
         return None
 
-    def start(self, step: int, world_size: int, assignment: dict[str, tuple[Any, list[int]]]):
-        """Write `step`: node -> (its agent, the ranks whose shard it writes)."""
+    def start(
+        self,
+        step: int,
+        world_size: int,
+        assignment: dict[str, tuple[Any, list[int]]],
+        faults: dict[str, dict[str, Any]] | None = None,
+    ):
+        """Write `step`: node -> (its agent, the ranks whose shard it writes); `faults`:
+        node -> a chaos fault its agent carries out while writing."""
+        faults = faults or {}
         refs = {
-            agent.persist.remote(self.target, step, ranks): node
+            agent.persist.remote(self.target, step, ranks, faults.get(node)): node
             for node, (agent, ranks) in assignment.items()
             if ranks
         }

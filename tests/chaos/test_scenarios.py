@@ -194,7 +194,24 @@ def _replica_holder_loss(result, events, verdict):
     assert gen2["restore_step"] % 10 == 0 and gen2["restore_step"] <= 45
 
 
+def _kill_during_persist(result, events, verdict):
+    [fault] = _of(events, "fault_injected")
+    assert fault["during"] == "persist" and fault["step"] >= 40
+    # The step being written when the node died failed and never became complete.
+    failed = [e for e in _of(events, "persist_failed") if e["step"] == fault["step"]]
+    assert failed and fault["node_id"][:12] in failed[0]["reason"], failed
+    _, spec = job_specs(load_scenario(EXAMPLES / "kill-during-persist.yaml"))
+    store = DurableStore(spec.checkpoint.persist.uri, spec.name)
+    before, _ = store.newest_valid(world_size=spec.max_workers, at_most=fault["step"])
+    assert before is None or before.step < fault["step"]
+    # Restored from memory, never from that step; persistence went on after it.
+    gen2 = _of(events, "generation")[1]
+    assert "durable" not in gen2["restore_tiers"]
+    assert [e for e in _of(events, "persisted") if e["step"] > fault["step"]]
+
+
 EXTRA = {
+    "kill-during-persist": _kill_during_persist,
     "replica-holder-loss": _replica_holder_loss,
     "nan-loss": _nan_loss,
     "storage-unavailable": _storage_unavailable,

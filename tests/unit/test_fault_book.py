@@ -231,3 +231,35 @@ def test_a_job_that_is_not_running_takes_no_live_fault_yet():
         book.add_live(request, 5, _spec(), True, {}.get, JobState.SUCCEEDED)
     assert not never.value.retry
     assert book.faults == []
+
+
+def test_a_kill_during_persist_goes_to_the_agent_writing_on_the_ranks_node():
+    spec = validate(
+        {
+            "name": "j",
+            "entrypoint": "m:f",
+            "workers": 4,
+            "steps": 100,
+            "checkpoint": {"persist": {"uri": "/tmp/x"}},
+            "chaos": {
+                "faults": [{"kind": "kill_node", "rank": 2, "at_step": 40, "during": "persist"}]
+            },
+        }
+    )
+    book = FaultBook(spec.chaos.faults, "raylet")
+    assert _gen(book) == []  # no worker carries it: the writing node's agent does
+    recorded: list = []
+    node_of = {0: "a", 1: "a", 2: "b", 3: "b"}.__getitem__
+    assert book.persisting(20, ["a", "b"], node_of, recorded.append) == {}  # before at_step
+    assert book.persisting(40, ["a"], node_of, recorded.append) == {}  # b writes nothing
+    out = book.persisting(60, ["a", "b"], node_of, recorded.append)
+    assert list(out) == ["b"]
+    assert (out["b"]["index"], out["b"]["step"], out["b"]["scope"]) == (0, 60, "raylet")
+    assert [r["node_id"] for r in recorded] == ["b"] and "at" in recorded[0]
+    assert book.persisting(80, ["a", "b"], node_of, recorded.append) == {}  # once
+
+
+def test_during_persist_is_a_kill_node_of_a_job_that_persists():
+    fault = {"kind": "kill_worker", "rank": 1, "at_step": 5, "during": "persist"}
+    with pytest.raises(SpecError, match=r"during: persist is for a kill_node .* no persist.uri"):
+        _book(fault)
