@@ -405,6 +405,10 @@ class JobSpec(_Model):
                     + ("" if self.checkpoint.persist.uri else ", and no persist.uri")
                     + ")"
                 )
+            if fault.during == "snapshot" and fault.kind != "kill_worker":
+                raise ValueError(
+                    f"chaos.faults.{i}.during: snapshot is for a kill_worker, not {fault.kind}"
+                )
             if fault.peer_of_rank is not None and fault.kind not in PEER_FAULTS:
                 raise ValueError(
                     f"chaos.faults.{i}.peer_of_rank: only for faults that hit a node "

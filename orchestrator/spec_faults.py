@@ -41,7 +41,7 @@ class _FaultBase(_Model):
         "or before at_step is committed, so the fault's restore point is known: a loss "
         "tested without racing the copies to peers (the event says which step was committed)",
     )
-    during: Literal["replace", "rendezvous", "restore", "persist"] | None = Field(
+    during: Literal["replace", "rendezvous", "restore", "persist", "snapshot"] | None = Field(
         None,
         description="fire instead in this phase of the first recovery after the job "
         "reached at_step: as the rank's replacement starts (replace: kill_worker only, the "
@@ -49,7 +49,8 @@ class _FaultBase(_Model):
         "or while it loads the restore step (restore): a failure during a recovery; or "
         "(persist: kill_node only) while the rank's node writes its shards of the first "
         "durable checkpoint at or after at_step, after its first shard and before the "
-        "manifest",
+        "manifest; or (snapshot: kill_worker only) while the rank hands over its snapshot "
+        "of the first step at or after at_step, half of it copied to its node's memory",
     )
 
 

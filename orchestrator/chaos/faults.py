@@ -241,7 +241,8 @@ class FaultBook:
                 continue
             if f.during in ("replace", "persist"):
                 continue  # the supervisor's own (replacing, persisting)
-            if f.during is not None and not (recovery and reached >= f.at_step):
+            phase = f.during not in (None, "snapshot")  # a snapshot fault rides every one
+            if phase and not (recovery and reached >= f.at_step):
                 continue
             fault = {**f.model_dump(mode="json"), "index": i}
             if i in self.live:

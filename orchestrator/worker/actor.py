@@ -339,7 +339,10 @@ class TrainWorker:
             self._transport = ray.get(self.agent.store_transport.remote())
         # Taken here, on the hand-over thread, not the training thread.
         checksum = payload_checksum(payload)
+        torn = self.ctx.snapshot_fault(snap.step) if self.ctx is not None else None
         if self._transport == "ray":
+            if torn is not None:
+                self._on_fault(torn)  # dies before the shard reaches the agent
             self._put_through_ray(snap, payload, checksum)
             return
         # Shared memory: one copy into a slot file the agent reserved (usually in the reply
@@ -364,6 +367,9 @@ class TrainWorker:
         self._maps[path] = mapped  # most recently used last
         while len(self._maps) > 8:
             self._maps.pop(next(iter(self._maps)))
+        if torn is not None:  # chaos during: snapshot, half of it copied (a torn write)
+            np.copyto(mapped[: payload.nbytes // 2], payload[: payload.nbytes // 2])
+            self._on_fault(torn)
         np.copyto(mapped[: payload.nbytes], payload)
         metas = None if snap.metas == self._sent_metas else snap.metas
         _, following = ray.get(

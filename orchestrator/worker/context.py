@@ -206,6 +206,15 @@ class TrainContext:
             step = self._restore_step or 0
             self._on_fault({**fault, "at": time.time(), "step": step})
 
+    def snapshot_fault(self, step: int) -> dict[str, Any] | None:
+        """A `during: snapshot` fault due as the snapshot of `step` is handed over (asked
+        from the hand-over thread), taken off this generation's faults."""
+        for fault in list(self._faults):
+            if fault.get("during") == "snapshot" and step >= fault["at_step"]:
+                self._faults = [f for f in self._faults if f is not fault]
+                return {**fault, "at": time.time(), "step": step}
+        return None
+
     def add_fault(self, fault: dict[str, Any]) -> None:
         """A fault injected into the running job (from another thread): carried out before
         the next step."""

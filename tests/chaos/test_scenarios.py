@@ -210,7 +210,18 @@ def _kill_during_persist(result, events, verdict):
     assert [e for e in _of(events, "persisted") if e["step"] > fault["step"]]
 
 
+def _kill_during_snapshot(result, events, verdict):
+    [fault] = _of(events, "fault_injected")
+    assert (fault["during"], fault["rank"]) == ("snapshot", 1) and fault["step"] >= 30
+    [f] = result["failures"]
+    assert (f["kind"], f["rank"], f["injected"]) == ("worker_died", 1, True)
+    # The torn shard was never committed: the restore is of an earlier step.
+    gen2 = _of(events, "generation")[1]
+    assert gen2["restore_step"] < fault["step"], (gen2, fault)
+
+
 EXTRA = {
+    "kill-during-snapshot": _kill_during_snapshot,
     "kill-during-persist": _kill_during_persist,
     "replica-holder-loss": _replica_holder_loss,
     "nan-loss": _nan_loss,

@@ -263,3 +263,12 @@ def test_during_persist_is_a_kill_node_of_a_job_that_persists():
     fault = {"kind": "kill_worker", "rank": 1, "at_step": 5, "during": "persist"}
     with pytest.raises(SpecError, match=r"during: persist is for a kill_node .* no persist.uri"):
         _book(fault)
+
+
+def test_a_kill_during_a_snapshot_rides_every_generation_until_it_fires():
+    book = _book({"kind": "kill_worker", "rank": 1, "at_step": 30, "during": "snapshot"})
+    assert [f["during"] for f in _gen(book)] == ["snapshot"]  # not only in a recovery
+    book.record({"index": 0, "rank": 1, "kind": "kill_worker", "step": 31, "at": 1.0})
+    assert _gen(book, recovery=True, reached=40) == []
+    with pytest.raises(SpecError, match="during: snapshot is for a kill_worker, not hang"):
+        _book({"kind": "hang", "rank": 1, "at_step": 30, "during": "snapshot"})
