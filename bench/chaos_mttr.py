@@ -13,11 +13,13 @@ steps apart (after_commit, on rotating ranks); the verdict's rows give each faul
 end with the failure-free digest. `kill_during_restore` is a kill_worker followed by a kill
 of another rank while the first recovery restores.
 
-Ray Train: its worker-loss recovery (a rank SIGKILLed, TorchTrainer with
-FailureConfig(max_failures) resuming from its last reported checkpoint) from
-bench/recovery_vs_raytrain.py's `raytrain-kill` phase, `--raytrain-repeats` times, each in a
-process of its own. Ray Train has no recovery of its own for a hang, a GPU fault, a node
-loss that keeps the job's memory or a failure during its restore: those rows say so.
+Ray Train: its recovery (TorchTrainer with FailureConfig(max_failures) restarting its
+worker group and resuming from its last reported checkpoint) from a rank SIGKILLed
+(bench/recovery_vs_raytrain.py's `raytrain-kill` phase) and from a node killed, its raylet
+and workers, on a local multi-node Ray of 2-CPU nodes with one to spare
+(`raytrain-kill-node`), `--raytrain-repeats` times each, each in a process of its own. Ray
+Train has no recovery of its own for a hang, a GPU fault or a failure during its restore:
+those rows say so.
 The raw figures go to --out as JSON; the table is printed.
 """
 
@@ -103,16 +105,21 @@ def measure_stalwart(kind: str, repeats: int, work: Path) -> dict[str, Any]:
     }
 
 
-def measure_raytrain(repeats: int, work: Path) -> dict[str, Any]:
-    """Ray Train's worker-loss recovery, bench/recovery_vs_raytrain.py's raytrain-kill."""
+RAYTRAIN_PHASES = {"kill_worker": "raytrain-kill", "kill_node": "raytrain-kill-node"}
+
+
+def measure_raytrain(repeats: int, work: Path, kind: str = "kill_worker") -> dict[str, Any]:
+    """Ray Train's recovery from a worker's loss (bench/recovery_vs_raytrain.py's
+    raytrain-kill) or a node's (raytrain-kill-node)."""
+    phase = RAYTRAIN_PHASES[kind]
     recs = []
     for i in range(repeats):
-        out = work / f"raytrain-{i}.json"
+        out = work / f"{phase}-{i}.json"
         cmd = [
             sys.executable,
             str(REPO / "bench" / "recovery_vs_raytrain.py"),
             "--phases",
-            "raytrain-kill",
+            phase,
             "--steps",
             "160",
             "--kill-step",
@@ -124,10 +131,10 @@ def measure_raytrain(repeats: int, work: Path) -> dict[str, Any]:
         if done.returncode != 0 or not out.exists():
             recs.append({"error": (done.stdout + done.stderr)[-2000:]})
             continue
-        rec = json.loads(out.read_text()).get("results", {}).get("raytrain-kill", {})
+        rec = json.loads(out.read_text()).get("results", {}).get(phase, {})
         recs.append(rec)
     return {
-        "kind": "kill_worker",
+        "kind": kind,
         "recovered_s": _stats([r.get("recovery_s") for r in recs]),
         "steps_lost": _stats([r.get("steps_redone") for r in recs]),
         "runs": recs,
@@ -146,13 +153,13 @@ def render(res: dict[str, Any]) -> str:
         "Ray Train recovered (s) | Ray Train steps lost |",
         "|---|---|---|---|---|---|---|",
     ]
-    rt = res.get("raytrain")
+    rt = res.get("raytrain") or {}
+    if "recovered_s" in rt:  # an older result: worker loss only
+        rt = {"kill_worker": rt}
     for kind, m in res["stalwart"].items():
-        peer = (rt if kind == "kill_worker" and rt else None) or {}
+        peer = rt.get(kind) or {}
         rt_rec = f(peer.get("recovered_s")) if peer else "no recovery of its own"
         rt_lost = f(peer.get("steps_lost"), "") if peer else "-"
-        if kind == "kill_node" and rt:
-            rt_rec = "restarts the run from its last checkpoint (not measured)"
         lines.append(
             f"| {kind}{'' if m['passed'] else ' (FAILED: ' + '; '.join(m['failed_checks']) + ')'}"
             f" | {m['recovered_s']['n']} | {f(m['detected_s'])} | {f(m['recovered_s'])} | "
@@ -178,8 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stalwart: {kind} x{args.repeats} ...", flush=True)
         res["stalwart"][kind] = measure_stalwart(kind, args.repeats, work)
     if args.raytrain_repeats:
-        print(f"Ray Train: kill_worker x{args.raytrain_repeats} ...", flush=True)
-        res["raytrain"] = measure_raytrain(args.raytrain_repeats, work)
+        res["raytrain"] = {}
+        for kind in [k for k in RAYTRAIN_PHASES if k in kinds]:
+            print(f"Ray Train: {kind} x{args.raytrain_repeats} ...", flush=True)
+            res["raytrain"][kind] = measure_raytrain(args.raytrain_repeats, work, kind)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=2) + "\n")
     print(render(res))

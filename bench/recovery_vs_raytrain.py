@@ -69,7 +69,8 @@ DEFAULT_PHASES = (
 )
 # Opt-in diagnostic: stalwart with its snapshot only every --ckpt-every steps (as Ray Train's),
 # which separates the per-step snapshot's cost from the rest of stalwart's per-step overhead.
-PHASES = (*DEFAULT_PHASES, "stalwart-sparse-ckpt")
+# bench/chaos_mttr.py's: a node of a multi-node local Ray killed (its raylet and workers).
+PHASES = (*DEFAULT_PHASES, "stalwart-sparse-ckpt", "raytrain-kill-node")
 STEADY_PHASES = ("plain-ddp", "stalwart-steady", "stalwart-sparse-ckpt", "raytrain-steady")
 
 
@@ -395,6 +396,10 @@ def _raytrain_loop(config: dict[str, Any]) -> None:
                 if fd is not None:
                     os.close(fd)
                     _write_json(marks / "kill.json", {"t": time.time(), "rank": rank, "step": step})
+                    if kill.get("node"):  # this rank's whole node: its raylet and workers
+                        from stalwart.orchestrator.chaos.actions import kill_node
+
+                        kill_node()
                     os.kill(os.getpid(), _signal.SIGKILL)
             clock.step()
             loss_value = _train_step(model, optimizer, step, rank, wl, cfg)
@@ -433,14 +438,29 @@ def _raytrain_loop(config: dict[str, Any]) -> None:
     )
 
 
-def phase_raytrain(args: argparse.Namespace, work: Path, kill: bool) -> dict[str, Any]:
+def phase_raytrain(
+    args: argparse.Namespace, work: Path, kill: bool, node: bool = False
+) -> dict[str, Any]:
+    """Ray Train's run, with a rank SIGKILLed (`kill`) or its node killed (`node`: on a
+    local multi-node Ray of 2-CPU worker nodes, one more than the workers need)."""
     import ray
 
     t_init = time.time()
+    cluster = None
+    if node:
+        from ray.cluster_utils import Cluster
+
+        cluster = Cluster(
+            initialize_head=True,
+            connect=False,
+            head_node_args={"num_cpus": 0, "include_dashboard": False},
+        )
+        for _ in range(-(-args.workers // 2) + 1):
+            cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
     ray.init(
-        address="local",
-        num_cpus=max(4, args.workers),
-        include_dashboard=False,
+        address=cluster.address if cluster else "local",
+        **({} if cluster else {"num_cpus": max(4, args.workers), "include_dashboard": False}),
         log_to_driver=False,
         configure_logging=True,
         logging_level="ERROR",
@@ -461,7 +481,9 @@ def phase_raytrain(args: argparse.Namespace, work: Path, kill: bool) -> dict[str
             "steps": args.steps,
             "ckpt_every": args.ckpt_every,
             "warmup": args.warmup,
-            "kill": {"rank": args.kill_rank, "step": args.kill_step} if kill else None,
+            "kill": {"rank": args.kill_rank, "step": args.kill_step, "node": node}
+            if kill
+            else None,
             "marks": str(marks),
         }
         trainer = rtt.TorchTrainer(
@@ -488,6 +510,8 @@ def phase_raytrain(args: argparse.Namespace, work: Path, kill: bool) -> dict[str
         t1 = time.time()
     finally:
         ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
 
     rec: dict[str, Any] = {
         "status": "succeeded" if error is None else "failed",
@@ -1007,6 +1031,7 @@ def run_phase_here(args: argparse.Namespace) -> int:
         "stalwart-kill-cold": lambda: phase_stalwart(args, args.work, kill=True, spares=0),
         "raytrain-steady": lambda: phase_raytrain(args, args.work, kill=False),
         "raytrain-kill": lambda: phase_raytrain(args, args.work, kill=True),
+        "raytrain-kill-node": lambda: phase_raytrain(args, args.work, kill=True, node=True),
     }
     try:
         rec = runners[args.phase]()

@@ -38,3 +38,13 @@ def test_stats_and_table():
         in text
     )
     assert "hang (FAILED: x)" in text and "no recovery of its own" in text
+    # Ray Train's figures per kind (a node's loss too), the older form read as worker loss.
+    res["stalwart"]["kill_node"] = row
+    res["raytrain"] = {
+        "kill_worker": {"recovered_s": _stats([16.0]), "steps_lost": _stats([10])},
+        "kill_node": {"recovered_s": _stats([30.0, 50.0]), "steps_lost": _stats([12, 18])},
+    }
+    text = render(res)
+    assert (
+        "| kill_node | 2 | 0.15 / 0.20 | 0.70 / 0.90 | 0.5 / 1 | 40.00 / 50.00 | 15 / 18 |" in text
+    )
