@@ -46,6 +46,9 @@ def test_ctrl_c_cancels_and_reports(tmp_path, ray_address):
         stderr=subprocess.PIPE,
         text=True,
         stdin=subprocess.DEVNULL,
+        # Ctrl-C as in a terminal, even under a runner that ignores SIGINT (a shell's
+        # background job does: the CLI would then inherit the ignore).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         events = out / "events.jsonl"
