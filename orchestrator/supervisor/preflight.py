@@ -167,6 +167,11 @@ class Preflight:
             if not bad:
                 return
             self.cordon_failed(bad)
+            # Only off the nodes the cordon took: one it skipped (the nodes left could not
+            # hold the job) has nowhere to move to, and waiting for room would be in vain.
+            bad = {n: why for n, why in bad.items() if n in pool.bad_nodes()}
+            if not bad:
+                return
             pool.restart_spares_on(bad)
             movers = [r for r in ranks if pool.node_of(r) in bad]
             moved = pool.move(movers)
