@@ -88,10 +88,13 @@ class Budget:
     max_restarts: int | None  # None: unlimited
     user_errors_seen: int
     user_error_retries: int
-    # Roll backs for a non-finite loss so far, their limit, and the steps they were at.
-    loss_rollbacks: int = 0
-    max_loss_rollbacks: int = 3
+    # The steps rolled back for a non-finite loss so far (one per roll back), their limit.
     loss_steps: tuple[int, ...] = ()
+    max_loss_rollbacks: int = 3
+
+    @property
+    def loss_rollbacks(self) -> int:
+        return len(self.loss_steps)
 
     @property
     def restarts_left(self) -> int | None:

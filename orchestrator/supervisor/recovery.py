@@ -95,9 +95,8 @@ class Recovery:
             f.max_restarts,
             self.user_errors,
             f.user_error_retries,
-            loss_rollbacks=len(self.loss_steps),
-            max_loss_rollbacks=self.spec.health.loss_guard.max_rollbacks,
             loss_steps=tuple(self.loss_steps),
+            max_loss_rollbacks=self.spec.health.loss_guard.max_rollbacks,
         )
 
     def replace(self, work: Recovering) -> str | None:

@@ -318,7 +318,7 @@ def test_a_loss_that_is_not_finite_rolls_back_and_retries():
 
 
 def test_the_same_step_not_finite_again_after_a_roll_back_fails_the_job():
-    again = Budget(1, 10, 0, 0, loss_rollbacks=1, max_loss_rollbacks=3, loss_steps=(30,))
+    again = Budget(1, 10, 0, 0, loss_steps=(30,), max_loss_rollbacks=3)
     decision, reason = decide([nan(0, step=30)], again, T0, CFG)
     assert decision.action is Action.FAIL
     assert "again after rolling back: the replay is bit-exact" in reason
@@ -329,7 +329,7 @@ def test_the_same_step_not_finite_again_after_a_roll_back_fails_the_job():
 
 
 def test_loss_roll_backs_are_limited():
-    spent = Budget(3, 10, 0, 0, loss_rollbacks=3, max_loss_rollbacks=3, loss_steps=(5, 9, 14))
+    spent = Budget(3, 10, 0, 0, loss_steps=(5, 9, 14), max_loss_rollbacks=3)
     decision, reason = decide([nan(1, step=40)], spent, T0, CFG)
     assert decision.action is Action.FAIL
     assert reason.endswith("(health.loss_guard.max_rollbacks=3)")
