@@ -317,6 +317,8 @@ class WorkerPool:
                     ray.get(ref)
                 except ActorGone as e:
                     failed[attaching[ref]] = actor_error_text(e)
+            if failed and allow_missing:
+                self._note_dead_nodes()  # once for all the restarts below
             for rank, why in sorted(failed.items()):
                 if not allow_missing:
                     raise SchedulingError(f"a worker failed to start (rank {rank}): {why}")
@@ -346,11 +348,10 @@ class WorkerPool:
         self.dead_in_ray |= {n["NodeID"] for n in ray.nodes() if not n.get("Alive")}
 
     def _restart(self, rank: int, why: str, pending: dict[Any, int]) -> None:
-        """Start `rank`'s replacement again, away from any node Ray now knows is dead (the
-        slot it had there is released)."""
+        """Start `rank`'s replacement again, away from the bad nodes (the callers refresh
+        which nodes Ray reports dead first; a slot on a bad node is released)."""
         self._emit("replacement_failed", rank=rank, reason=why)
         ray.kill(self.workers[rank], no_restart=True)
-        self._note_dead_nodes()
         self.bundle_of[rank] = self.usable_bundle(self.bundle_of.get(rank))
         self.workers[rank] = self.create_worker(rank, self.bundle_of[rank])
         pending[self.workers[rank].ready.remote()] = rank
