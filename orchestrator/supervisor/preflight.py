@@ -169,7 +169,8 @@ class Preflight:
             self.cordon_failed(bad)
             # Only off the nodes the cordon took: one it skipped (the nodes left could not
             # hold the job) has nowhere to move to, and waiting for room would be in vain.
-            bad = {n: why for n, why in bad.items() if n in pool.bad_nodes()}
+            cordoned = pool.bad_nodes()
+            bad = {n: why for n, why in bad.items() if n in cordoned}
             if not bad:
                 return
             pool.restart_spares_on(bad)
