@@ -158,6 +158,12 @@ def _full_shm(result, events, verdict):
     assert result["checkpoint"]["errors"] == 0
 
 
+def _durable(name: str):
+    """A scenario's chaos job spec and its durable store."""
+    _, spec = job_specs(load_scenario(EXAMPLES / f"{name}.yaml"))
+    return spec, DurableStore(spec.checkpoint.persist.uri, spec.name)
+
+
 def _storage_unavailable(result, events, verdict):
     [fault] = [e for e in _of(events, "fault_injected") if e["kind"] == "storage_unavailable"]
     failed = _of(events, "persist_failed")
@@ -169,8 +175,7 @@ def _storage_unavailable(result, events, verdict):
     assert persisted and max(persisted) >= result["total_steps"] - 20
     # What a restore would pick is always complete: the newest step verifies, and asking
     # for a step inside the outage gives the complete one before it, never a partial one.
-    _, spec = job_specs(load_scenario(EXAMPLES / "storage-unavailable.yaml"))
-    store = DurableStore(spec.checkpoint.persist.uri, spec.name)
+    spec, store = _durable("storage-unavailable")
     newest, _ = store.newest_valid(world_size=spec.max_workers)
     assert newest is not None and newest.step == max(persisted)
     inside, _ = store.newest_valid(world_size=spec.max_workers, at_most=failed[0]["step"])
@@ -203,8 +208,7 @@ def _kill_during_persist(result, events, verdict):
     # The step being written when the node died failed and never became complete.
     failed = [e for e in _of(events, "persist_failed") if e["step"] == fault["step"]]
     assert failed and fault["node_id"][:12] in failed[0]["reason"], failed
-    _, spec = job_specs(load_scenario(EXAMPLES / "kill-during-persist.yaml"))
-    store = DurableStore(spec.checkpoint.persist.uri, spec.name)
+    spec, store = _durable("kill-during-persist")
     before, _ = store.newest_valid(world_size=spec.max_workers, at_most=fault["step"])
     assert before is None or before.step < fault["step"]
     # Restored from memory, never from that step; persistence went on after it.
