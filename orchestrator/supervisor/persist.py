@@ -134,10 +134,16 @@ class Persister:
         try:
             extra = {"run": self.run} if self.run else None
             self.store.write_manifest(job["step"], job["world"], records, extra=extra)
-            pruned = self.store.prune(self.spec.keep_last, newest=job["step"])
         except (DurableError, OSError, ValueError) as e:
             self._failed(job, _cause(e))
             return
+        # The step is complete once its manifest is written: retention failing after it
+        # (storage gone again) leaves older steps for the next pass, it unmakes nothing.
+        kept = ""
+        try:
+            pruned = self.store.prune(self.spec.keep_last, newest=job["step"])
+        except (DurableError, OSError, ValueError) as e:
+            pruned, kept = [], f"; older steps not pruned yet: {_cause(e)}"
         seconds = time.time() - job["started"]
         nbytes = sum(r.nbytes for r in records)
         entry = {"step": job["step"], "seconds": round(seconds, 3), "bytes": nbytes}
@@ -151,7 +157,7 @@ class Persister:
             uri=self.store.describe(),
             pruned=pruned,
             reason=f"step {job['step']} on {self.store.describe()} "
-            f"({nbytes / 1e6:.1f} MB in {seconds:.2f} s)",
+            f"({nbytes / 1e6:.1f} MB in {seconds:.2f} s){kept}",
         )
 
     def _failed(self, job: dict[str, Any], why: str) -> None:

@@ -77,3 +77,31 @@ def test_bad_uris_are_refused_at_the_edge():
         PersistSpec(uri="nosuch://bucket/x")
     with pytest.raises(ValueError, match="must not be empty"):
         PersistSpec(uri="  ")
+
+
+def test_a_step_whose_manifest_is_written_is_persisted_even_if_retention_fails(tmp_path):
+    # Storage goes away between the manifest and the retention pass: the step is complete
+    # (persisted, not persist_failed), and the older steps wait for the next pass.
+    from stalwart.ckpt.durable import DurableError
+    from tests.unit.test_durable import make_snapshot
+
+    events: list = []
+    p = Persister(
+        PersistSpec(uri=str(tmp_path / "ck"), every_steps=10, keep_last=1),
+        "job",
+        lambda etype, **kw: events.append((etype, kw)),
+        run="run-a",
+    )
+    snap, _ = make_snapshot(10)
+    records = [p.store.write_shard(10, 0, snap)]
+
+    def gone(*a, **k):
+        raise DurableError("listing: storage unavailable")
+
+    p.store.prune = gone
+    p._finish({"step": 10, "world": 1, "started": 0.0}, records)
+    [(kind, event)] = events
+    assert kind == "persisted" and event["step"] == 10 and event["pruned"] == []
+    assert "older steps not pruned yet: " in event["reason"]
+    assert p.failures == 0 and p.last_step == 10
+    assert p.store.newest_valid(1)[0].extra == {"run": "run-a"}
