@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     Discriminator,
     Field,
@@ -40,19 +39,26 @@ from stalwart.orchestrator.spec_faults import (  # noqa: F401 (re-exported)
     StorageUnavailable,
     _Model,
 )
+from stalwart.orchestrator.spec_yaml import (
+    STDIN,
+    SpecError,
+    int_text,
+    load_yaml,
+    oversized_ints,
+    read_yaml,
+)
 
 ENTRYPOINT_RE = re.compile(
     r"^(?P<target>[A-Za-z_]\w*(\.[A-Za-z_]\w*)*|[^:]+\.py):(?P<func>[A-Za-z_]\w*)$",
 )
 
 
-class SpecError(ValueError):
-    """A job spec that cannot be used; ``errors`` holds one line per problem."""
-
-    def __init__(self, source: str, errors: list[str]):
-        self.source = source
-        self.errors = errors
-        super().__init__(f"{source}: " + "; ".join(errors))
+# Upper bounds of the spec's counts: far above any real job, low enough that a typo (an
+# extra few zeros) is an error rather than a job that never ends or asks for a million
+# processes. Any integer beyond int64 is refused wherever it is (spec_yaml.oversized_ints).
+MAX_STEPS = 10**12
+MAX_WORKERS = 100_000
+MAX_COUNT = 1_000_000  # retries, restarts, roll backs, windows
 
 
 class Resources(_Model):
@@ -74,7 +80,10 @@ class PersistSpec(_Model):
         "gs://, ... with the matching fsspec backend installed); null: no durable tier",
     )
     every_steps: int | None = Field(
-        None, ge=1, description="persist a committed step at least this many steps apart"
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description="persist a committed step at least this many steps apart",
     )
     every_seconds: float | None = Field(
         None,
@@ -82,8 +91,12 @@ class PersistSpec(_Model):
         description="persist a committed step at least this often (default 300 s when "
         "uri is set and every_steps is not)",
     )
-    keep_last: int = Field(3, ge=1, description="complete checkpoints kept on storage")
-    retries: int = Field(3, ge=0, description="retries of a failed write, with backoff")
+    keep_last: int = Field(
+        3, ge=1, le=MAX_COUNT, description="complete checkpoints kept on storage"
+    )
+    retries: int = Field(
+        3, ge=0, le=MAX_COUNT, description="retries of a failed write, with backoff"
+    )
     backoff_s: float = Field(0.5, ge=0, description="first retry's delay; doubles each time")
 
     @model_validator(mode="before")
@@ -115,10 +128,13 @@ class PersistSpec(_Model):
 
 
 class CheckpointSpec(_Model):
-    every_steps: int = Field(1, ge=1, description="snapshot registered state every N steps")
+    every_steps: int = Field(
+        1, ge=1, le=MAX_STEPS, description="snapshot registered state every N steps"
+    )
     replicas: int = Field(
         2,
         ge=1,
+        le=MAX_WORKERS,
         description="copies of each shard kept in memory on distinct nodes (its own node's "
         "and replicas-1 peers', in groups: losing any replicas-1 nodes loses no shard); a "
         "step is committed once every shard has them",
@@ -142,17 +158,22 @@ class CheckpointSpec(_Model):
 
 class FailureSpec(_Model):
     max_restarts: int | None = Field(
-        10, ge=0, description="recoveries allowed before the job fails; null = unlimited"
+        10,
+        ge=0,
+        le=MAX_COUNT,
+        description="recoveries allowed before the job fails; null = unlimited",
     )
     user_error_retries: int = Field(
         0,
         ge=0,
+        le=MAX_COUNT,
         description="times an exception raised by the train loop is retried from the last "
         "checkpoint before the job fails (replays are deterministic, so 0 fails fast)",
     )
     spares: int = Field(
         0,
         ge=0,
+        le=MAX_WORKERS,
         description="idle workers kept started (torch imported, entrypoint loaded) that take "
         "a lost rank's place without starting a process",
     )
@@ -180,6 +201,7 @@ class FailureSpec(_Model):
     supervisor_restarts: int = Field(
         2,
         ge=0,
+        le=MAX_COUNT,
         description="times the driver restarts a dead supervisor, which takes the job back "
         "from the node agents' memory (or durable storage)",
     )
@@ -202,11 +224,12 @@ class StragglerSpec(_Model):
     window_steps: int = Field(
         5,
         ge=1,
+        le=MAX_STEPS,
         description="steps per window; a rank's window score is its best (shortest) "
         "compute time in the window over the other ranks' median best",
     )
     consecutive_windows: int = Field(
-        2, ge=1, description="flag only after this many consecutive slow windows"
+        2, ge=1, le=MAX_COUNT, description="flag only after this many consecutive slow windows"
     )
     min_excess_s: float = Field(
         0.005,
@@ -223,6 +246,7 @@ class StragglerSpec(_Model):
     warmup_steps: int = Field(
         10,
         ge=0,
+        le=MAX_STEPS,
         description="steps at the start of each generation (a start, a restart, a resize) "
         "that are not judged: lazy initialisation, allocator warm-up, the first checkpoint "
         "copies and processes still starting on the same machine make them uneven",
@@ -243,8 +267,8 @@ class GpuSpec(_Model):
 
 class PreflightSpec(_Model):
     enabled: bool = Field(True, description="check every node before it trains")
-    matmul_size: int = Field(256, ge=16, description="side of the square matmul timed")
-    matmul_repeats: int = Field(20, ge=1, description="matmuls timed per node")
+    matmul_size: int = Field(256, ge=16, le=16384, description="side of the square matmul timed")
+    matmul_repeats: int = Field(20, ge=1, le=MAX_COUNT, description="matmuls timed per node")
     max_slowdown: float = Field(
         3.0, gt=1, description="cordon a node this many times slower than the median node"
     )
@@ -261,6 +285,7 @@ class LossGuardSpec(_Model):
     max_rollbacks: int = Field(
         3,
         ge=0,
+        le=MAX_COUNT,
         description="roll backs for a non-finite loss before the job fails; the same step "
         "failing again after a roll back fails it at once (a replay is bit-exact: the model "
         "or the data makes that loss)",
@@ -286,6 +311,7 @@ class HealthSpec(_Model):
     divergence_every_steps: int = Field(
         100,
         ge=0,
+        le=MAX_STEPS,
         description="compare a fingerprint of the registered modules' parameters across "
         "ranks after each generation's first step and every N steps (one pass over the "
         "parameters, two small all-reduces): replicas that differ fail the job naming the "
@@ -318,8 +344,10 @@ class MetricsSpec(_Model):
 class WorkerRange(_Model):
     """An elastic world: start with `max` ranks, continue with no fewer than `min`."""
 
-    min: StrictInt = Field(ge=1, description="fewest data-parallel ranks to continue with")
-    max: StrictInt = Field(ge=1, description="ranks to start with and grow back to")
+    min: StrictInt = Field(
+        ge=1, le=MAX_WORKERS, description="fewest data-parallel ranks to continue with"
+    )
+    max: StrictInt = Field(ge=1, le=MAX_WORKERS, description="ranks to start with and grow back to")
 
     def model_post_init(self, _ctx: Any) -> None:
         if self.min > self.max:
@@ -340,7 +368,7 @@ class JobSpec(_Model):
         "the function takes the train context"
     )
     workers: Annotated[
-        Annotated[Annotated[StrictInt, Field(ge=1)], Tag("count")]
+        Annotated[Annotated[StrictInt, Field(ge=1, le=MAX_WORKERS)], Tag("count")]
         | Annotated[WorkerRange, Tag("range")],
         Discriminator(_workers_form),
     ] = Field(
@@ -351,7 +379,7 @@ class JobSpec(_Model):
     resources: Resources = Field(default_factory=Resources)
     placement: Literal["PACK", "SPREAD"] = "PACK"
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    steps: StrictInt = Field(ge=1, description="total training steps")
+    steps: StrictInt = Field(ge=1, le=MAX_STEPS, description="total training steps")
     seed: int = 0
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     failure: FailureSpec = Field(default_factory=FailureSpec)
@@ -365,7 +393,7 @@ class JobSpec(_Model):
         None,
         description="where the loop saves what it keeps (ctx.output_dir, e.g. the final "
         "model from rank 0): a path every node can write, or an fsspec URL; default: "
-        "OUTPUT/output when the cluster is this machine, else under checkpoint.persist.uri",
+        "RUN_DIR/output when the cluster is this machine, else under checkpoint.persist.uri",
     )
     runtime_env: dict[str, Any] = Field(
         default_factory=dict, description="passed to Ray as the workers' runtime_env"
@@ -459,8 +487,14 @@ def _format_error(err: dict[str, Any]) -> str:
     ctx = err.get("ctx") or {}
     for key, word in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
         if key in ctx:
-            return f"{loc}: must be {word} {ctx[key]}, got {given!r}"
-    shown = json.dumps(given) if isinstance(given, str | int | float | bool) else repr(given)
+            got = int_text(given) if type(given) is int else repr(given)
+            return f"{loc}: must be {word} {ctx[key]}, got {got}"
+    if type(given) is int:
+        shown = int_text(given)
+    elif isinstance(given, str | float | bool):
+        shown = json.dumps(given)
+    else:
+        shown = repr(given)
     return f"{loc}: {msg[0].lower() + msg[1:]}, got {shown}"
 
 
@@ -470,9 +504,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key or any(not p for p in key.split(".")):
         raise SpecError("--set", [f"expected key.path=value, got {text!r}"])
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError as e:
-        raise SpecError("--set", [f"{key}: value is not valid YAML: {e}"]) from None
+        value = load_yaml(raw, "--set", prefix=key) if raw != "" else ""
+    except SpecError as e:
+        if e.errors[0].startswith("not valid YAML: "):
+            raise SpecError("--set", [f"{key}: value is {e.errors[0]}"]) from None
+        raise
     return key.split("."), value
 
 
@@ -501,26 +537,29 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def validate(data: Any, source: str = "<spec>") -> JobSpec:
     if not isinstance(data, dict):
         raise SpecError(source, [f"expected a mapping at the top level, got {type(data).__name__}"])
+    # An integer no field holds (steps: 10**29): named even where the model takes any value
+    # (config, runtime_env), and before pydantic turns it into a float or a long repr.
+    oversized = oversized_ints(data)
     try:
-        return JobSpec.model_validate(data)
+        spec = JobSpec.model_validate(data)
     except ValidationError as e:
-        raise SpecError(source, [_format_error(err) for err in e.errors()]) from None
+        errors = [_format_error(err) for err in e.errors()]
+        named = {line.partition(": ")[0] for line in errors}
+        errors += [line for where, line in oversized if where not in named]
+        raise SpecError(source, errors) from None
+    if oversized:
+        raise SpecError(source, [line for _, line in oversized])
+    return spec
 
 
 def load_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise SpecError(str(path), [f"cannot read: {e.strerror}"]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SpecError(str(path), [f"not valid YAML: {e}"]) from None
+    """The job spec in the YAML file `path` (`-`: standard input), with `--set` overrides."""
+    source = STDIN if str(path) == "-" else str(path)
+    data = read_yaml(path)
     if not isinstance(data, dict):
         got = "an empty file" if data is None else type(data).__name__
-        raise SpecError(str(path), [f"expected a mapping at the top level, got {got}"])
-    return validate(apply_overrides(data, list(overrides)), str(path))
+        raise SpecError(source, [f"expected a mapping at the top level, got {got}"])
+    return validate(apply_overrides(data, list(overrides)), source)
 
 
 def json_schema() -> dict[str, Any]:

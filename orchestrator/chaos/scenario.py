@@ -28,7 +28,6 @@ import random
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from stalwart.orchestrator.spec import (
@@ -36,6 +35,7 @@ from stalwart.orchestrator.spec import (
     SpecError,
     _format_error,
     apply_overrides,
+    read_yaml,
     validate,
 )
 
@@ -160,12 +160,7 @@ def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
     """Read and check a scenario file; SpecError names every bad field. `overrides`
     (key.path=value) apply to the scenario, e.g. `job.set=[...]` or `seed=3`."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise SpecError(str(path), [f"cannot read: {e.strerror}"]) from None
-    except yaml.YAMLError as e:
-        raise SpecError(str(path), [f"not valid YAML: {e}"]) from None
+    data = read_yaml(path)
     if not isinstance(data, dict):
         got = "an empty file" if data is None else type(data).__name__
         raise SpecError(str(path), [f"expected a mapping at the top level, got {got}"])
@@ -184,11 +179,15 @@ def job_specs(sc: Scenario) -> tuple[JobSpec, JobSpec]:
     mix). SpecError names the spec file, or the scenario's fault, that is wrong."""
     path = _spec_path(sc)
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise SpecError(f"{sc.source}: job.spec", [f"cannot read {path}: {e.strerror}"]) from None
-    except yaml.YAMLError as e:
-        raise SpecError(str(path), [f"not valid YAML: {e}"]) from None
+        data = read_yaml(path)
+    except SpecError as e:
+        reason = e.errors[0]
+        if not reason.startswith("cannot read: "):
+            raise
+        raise SpecError(
+            f"{sc.source}: job.spec",
+            [f"cannot read {path}: {reason.removeprefix('cannot read: ')}"],
+        ) from None
     if not isinstance(data, dict):
         raise SpecError(str(path), ["expected a mapping at the top level"])
     data = apply_overrides(data, list(sc.job.set))

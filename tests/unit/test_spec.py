@@ -617,3 +617,110 @@ def test_a_worker_must_ask_for_something():
         assert e.errors == ["resources: a worker must ask for some cpu, gpu or custom resource"]
     else:
         raise AssertionError("accepted a worker that asks for nothing")
+
+
+# --- reading the YAML: bytes, duplicate keys, huge integers, stdin (orchestrator/spec_yaml.py) --
+
+MINIMAL = "name: job\nentrypoint: pkg.mod:train\nworkers: 4\nsteps: 100\n"
+
+
+def test_a_byte_that_is_not_utf8_is_named_with_its_offset_and_line(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_bytes(MINIMAL.encode() + b"config: {note: caf\xe9}\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert info.value.source == str(path)
+    offset = len(MINIMAL) + len("config: {note: caf")
+    assert info.value.errors == [
+        f"not UTF-8 text: byte 0xe9 at offset {offset} (line 5, column 19); save the file as UTF-8"
+    ]
+
+
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_bytes(b"\xef\xbb\xbf" + MINIMAL.encode())
+    assert load_spec(path).name == "job"
+
+
+def test_duplicate_keys_are_named_with_their_path_and_lines(tmp_path):
+    text = MINIMAL + (
+        "steps: 200\n"
+        "checkpoint:\n  persist: {uri: /a, uri: /b}\n"
+        "chaos:\n  faults:\n    - {kind: kill_worker, rank: 1, rank: 2, at_step: 5}\n"
+    )
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, text))
+    assert info.value.errors == [
+        "steps: duplicate key at line 5 (first at line 4); YAML would keep only the last value",
+        "checkpoint.persist.uri: duplicate key at line 7 (first at line 7); YAML would keep "
+        "only the last value",
+        "chaos.faults.0.rank: duplicate key at line 10 (first at line 10); YAML would keep "
+        "only the last value",
+    ]
+
+
+def test_merge_keys_and_anchors_still_load(tmp_path):
+    text = MINIMAL + "config:\n  base: &b {lr: 0.1, wd: 0}\n  run: {<<: *b, lr: 0.2}\n"
+    spec = load_spec(write(tmp_path, text))
+    assert spec.config["run"] == {"lr": 0.2, "wd": 0}
+
+
+def test_a_duplicate_key_in_a_set_value_is_refused():
+    with pytest.raises(SpecError) as info:
+        parse_override("config.x={a: 1, a: 2}")
+    assert info.value.source == "--set"
+    assert info.value.errors[0].startswith("config.x.a: duplicate key at line 1")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("steps", 10**29, "steps: must be <= 1000000000000, got 100000000000000000000000000000"),
+        ("workers", 400_000, "workers: must be <= 100000, got 400000"),
+        ("workers", {"min": 1, "max": 10**6}, "workers.max: must be <= 100000, got 1000000"),
+        ("failure", {"spares": 10**9}, "failure.spares: must be <= 100000, got 1000000000"),
+        (
+            "checkpoint",
+            {"every_steps": 10**13},
+            "checkpoint.every_steps: must be <= 1000000000000, got 10000000000000",
+        ),
+    ],
+)
+def test_counts_have_upper_bounds(field, value, message):
+    assert message in errors_of(spec_with(**{field: value}))
+
+
+def test_an_integer_beyond_int64_is_refused_wherever_it_is():
+    errors = errors_of(spec_with(seed=2**63, config={"sizes": [1, -(2**64)]}))
+    assert errors == [
+        "seed: 9223372036854775808 is too large (integers must fit in 64 bits, at most "
+        "9223372036854775807)",
+        "config.sizes.1: -18446744073709551616 is too large (integers must fit in 64 bits, at "
+        "most 9223372036854775807)",
+    ]
+    assert validate(spec_with(seed=2**63 - 1)).seed == 2**63 - 1
+
+
+def test_a_huge_integer_is_shown_by_its_size(tmp_path):
+    (err,) = errors_of(spec_with(steps=10**5000))
+    assert err == "steps: must be <= 1000000000000, got an integer of about 5001 digits"
+    path = write(tmp_path, MINIMAL + "config: {x: " + "9" * 5000 + "}\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert info.value.errors == [
+        "config.x: a 5000-digit integer at line 5 is too large (integers must fit in 64 bits, "
+        "at most 9223372036854775807)"
+    ]
+
+
+def test_load_spec_reads_stdin_for_dash(monkeypatch):
+    import io
+    import sys
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(MINIMAL.encode())))
+    assert load_spec("-", ["steps=7"]).steps == 7
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"name: [")))
+    with pytest.raises(SpecError) as info:
+        load_spec("-")
+    assert info.value.source == "<stdin>"
+    assert info.value.errors[0].startswith("not valid YAML: ")
