@@ -50,8 +50,9 @@ class ConfigError(ProvisionError):
 
 
 class GrafanaError(ProvisionError):
-    """Grafana is unreachable, refused the token, or lacks what the dashboards need (exit 1).
-    `status` is the HTTP status when Grafana answered with one."""
+    """Grafana is unreachable, refused the token, or lacks what the dashboards need (CLI exit
+    code 2), or failed itself (HTTP 5xx: exit 1). `status` is the HTTP status when Grafana
+    answered with one."""
 
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)

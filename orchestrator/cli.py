@@ -16,12 +16,18 @@ from stalwart.orchestrator.cli_conventions import (
     EXIT_CANCELLED,
     EXIT_FAILED,
     EXIT_USAGE,
+    check_fits,
+    discard_if_empty,
+    fail,
     format_option,
     job_supervisor,
     load_job,
+    make_console,
+    new_dirs,
+    run_dir_option,
+    set_option,
 )
 from stalwart.orchestrator.compat import UnsupportedDependency
-from stalwart.orchestrator.spec import json_schema
 
 STATUS_WATCH_S = 1.0  # how often `stalwart status --watch` asks
 
@@ -32,33 +38,7 @@ def main() -> None:
     """stalwart: fault-tolerant PyTorch training on Ray."""
 
 
-_set_option = click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="override a spec field; VALUE is parsed as YAML (repeatable)",
-)
-
-
-@main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
-@_set_option
-@format_option("json: print the validated spec")
-def validate(file: str, overrides: tuple[str, ...], fmt: str) -> None:
-    """Validate a job spec; exit 2 listing every error with its field path."""
-    console = Console(stderr=True)
-    spec = load_job(file, overrides, console)
-    if fmt == "json":
-        click.echo(json.dumps(spec.model_dump(mode="json"), indent=2))
-    else:
-        click.echo(f"{file}: valid ({spec.max_workers} workers, {spec.steps} steps)")
-
-
-@main.command()
-def schema() -> None:
-    """Print the job spec's JSON Schema (for editors)."""
-    click.echo(json.dumps(json_schema(), indent=2))
+_set_option = set_option
 
 
 def _resume_value(value: str) -> str:
@@ -68,7 +48,7 @@ def _resume_value(value: str) -> str:
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @_set_option
 @click.option(
     "--address",
@@ -77,12 +57,7 @@ def _resume_value(value: str) -> str:
     help="Ray cluster: ray://HOST:10001, HOST:6379 or auto (default: RAY_ADDRESS, "
     "else an embedded local Ray)",
 )
-@click.option(
-    "--output",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="run directory for result.json and events.jsonl (default runs/NAME-TIME)",
-)
+@run_dir_option("the run directory: result.json, events.jsonl, logs/ (default runs/NAME-TIME)")
 @format_option("json: print result.json to stdout")
 @click.option("--num-cpus", type=int, default=None, help="logical CPUs of the embedded Ray")
 @click.option(
@@ -97,7 +72,7 @@ def _resume_value(value: str) -> str:
     "--all-ranks",
     is_flag=True,
     help="show every rank's printed lines live (default: rank 0's; all are kept under "
-    "OUTPUT/logs/)",
+    "RUN_DIR/logs/)",
 )
 @click.option(
     "--allow-remote",
@@ -109,7 +84,7 @@ def run(
     file: str,
     overrides: tuple[str, ...],
     address: str | None,
-    output: str | None,
+    run_dir: str | None,
     fmt: str,
     num_cpus: int | None,
     resume: str,
@@ -141,7 +116,10 @@ def run(
             err.print(f"[red]error:[/red] {file}: entrypoint", highlight=False)
             err.print(f"  {e}", markup=False, highlight=False, soft_wrap=True)
             sys.exit(EXIT_USAGE)
-    out = Path(output) if output else Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        check_fits(spec, file, None, num_cpus, err)
+    default_dir = Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = Path(run_dir) if run_dir else default_dir
+    created = new_dirs(out)  # removed again if the job never starts
     opts = RunOptions(
         address=address,
         output=out,
@@ -150,7 +128,7 @@ def run(
         resume=resume,
         allow_remote_chaos=allow_remote,
     )
-    console = Console(stderr=fmt == "json")
+    console = make_console(stderr=fmt == "json")
     try:
         if fmt == "json":
             # stdout is for the JSON alone: Ray prints some messages of its own there (a
@@ -171,8 +149,8 @@ def run(
                     on_output=lambda lines: view.output(lines, all_ranks),
                 )
     except (ClusterUnreachable, JobAlreadyRunning, UnsupportedDependency, ChaosRefused) as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        sys.exit(EXIT_USAGE)
+        discard_if_empty(created)  # a job that never started leaves no empty run directory
+        fail(str(e), EXIT_USAGE)
     except SupervisorLost as e:
         err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_FAILED)
@@ -185,11 +163,8 @@ def run(
 
 @main.command()
 @_set_option
-@click.option(
-    "--output",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="run directory for result.json and events.jsonl (default runs/quickstart-TIME)",
+@run_dir_option(
+    "the run directory: result.json, events.jsonl, logs/ (default runs/quickstart-TIME)"
 )
 @format_option("json: print result.json to stdout")
 @click.option("--num-cpus", type=int, default=None, help="logical CPUs of the embedded Ray")
@@ -200,7 +175,7 @@ def run(
 def quickstart(
     ctx: click.Context,
     overrides: tuple[str, ...],
-    output: str | None,
+    run_dir: str | None,
     fmt: str,
     num_cpus: int | None,
     show: bool,
@@ -217,7 +192,7 @@ def quickstart(
             file=str(path),
             overrides=overrides,
             address=None,
-            output=output,
+            run_dir=run_dir,
             fmt=fmt,
             num_cpus=num_cpus,
             resume="auto",
@@ -310,14 +285,9 @@ def status(job: str, address: str, fmt: str, watch: bool) -> None:
 
 @main.command()
 @click.argument("run_dir", type=click.Path())
-@click.option(
-    "--output",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="where to write the figures and index.html (default RUN_DIR/report)",
-)
+@run_dir_option("where to write the figures and index.html (default RUN_DIR/report)", "--out-dir")
 @format_option("json: print the written files as a JSON list")
-def report(run_dir: str, output: str | None, fmt: str) -> None:
+def report(run_dir: str, out_dir: str | None, fmt: str) -> None:
     """Render PNG figures and an HTML page from RUN_DIR's events.jsonl and result.json."""
     from rich.markup import escape
 
@@ -326,7 +296,7 @@ def report(run_dir: str, output: str | None, fmt: str) -> None:
 
     err = Console(stderr=True)
     try:
-        written = build_report(run_dir, output)
+        written = build_report(run_dir, out_dir)
     except ReportError as e:
         err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)
@@ -404,12 +374,16 @@ def logs(run_dir: str, rank: int | None, follow: bool) -> None:
 from stalwart.orchestrator.cli_chaos import chaos as _chaos  # noqa: E402
 from stalwart.orchestrator.cli_checkpoint import checkpoint as _checkpoint  # noqa: E402
 from stalwart.orchestrator.cli_dashboards import dashboards as _dashboards  # noqa: E402
+from stalwart.orchestrator.cli_spec import schema as _schema  # noqa: E402
+from stalwart.orchestrator.cli_spec import validate as _validate  # noqa: E402
 from stalwart.orchestrator.cli_verify import verify as _verify  # noqa: E402
 
 main.add_command(_dashboards)
 main.add_command(_verify)
 main.add_command(_checkpoint)
 main.add_command(_chaos)
+main.add_command(_validate)
+main.add_command(_schema)
 
 
 if __name__ == "__main__":

@@ -10,14 +10,18 @@ import time
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from stalwart.orchestrator.cli_conventions import (
     EXIT_CANCELLED,
     EXIT_FAILED,
     EXIT_USAGE,
+    discard_if_empty,
+    fail,
     format_option,
     job_supervisor,
+    make_console,
+    new_dirs,
+    run_dir_option,
 )
 
 
@@ -44,12 +48,7 @@ def chaos() -> None:
     help="allow faults on a cluster this command did not start (the job spec must also "
     "say chaos.enabled: true)",
 )
-@click.option(
-    "--output",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="where the runs, verdict.json and junit.xml go (default runs/chaos-TIME)",
-)
+@run_dir_option("where the runs, verdict.json and junit.xml go (default runs/chaos-TIME)")
 @click.option(
     "--junit",
     "junit_path",
@@ -70,7 +69,7 @@ def run(
     overrides: tuple[str, ...],
     address: str | None,
     allow_remote: bool,
-    output: str | None,
+    run_dir: str | None,
     junit_path: str | None,
     no_cache: bool,
     prometheus_url: str | None,
@@ -95,8 +94,8 @@ def run(
     )
     from stalwart.orchestrator.spec import SpecError
 
-    err = Console(stderr=True)
-    console = Console(stderr=fmt == "json")
+    err = make_console(stderr=True)
+    console = make_console(stderr=fmt == "json")
     loaded = []
     for path in scenarios:
         try:
@@ -108,7 +107,8 @@ def run(
                 err.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
             sys.exit(EXIT_USAGE)
         loaded.append(sc)
-    root = Path(output) if output else Path("runs") / f"chaos-{time.strftime('%Y%m%d-%H%M%S')}"
+    root = Path(run_dir) if run_dir else Path("runs") / f"chaos-{time.strftime('%Y%m%d-%H%M%S')}"
+    created = new_dirs(root)  # removed again if no scenario starts
     verdicts = []
     for sc in loaded:
         opts = ChaosOptions(
@@ -132,8 +132,8 @@ def run(
             err.print("cancelled")
             sys.exit(EXIT_CANCELLED)
         except (ChaosRefused, ClusterUnreachable, JobAlreadyRunning, UnsupportedDependency) as e:
-            err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-            sys.exit(EXIT_USAGE)
+            discard_if_empty(created)
+            fail(str(e), EXIT_USAGE)
         except (BaselineFailed, SupervisorLost, ShmMountFailed) as e:
             err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
             sys.exit(EXIT_FAILED)
@@ -195,7 +195,7 @@ def inject(
     import ray
     import yaml
 
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     request: dict = {"kind": kind, "rank": rank, "node": node, "allow_remote": allow_remote}
     for text in fields:
         key, sep, raw = text.partition("=")

@@ -16,14 +16,18 @@ import sys
 from typing import NoReturn
 
 import click
-from rich.console import Console
 from rich.text import Text
 
-from stalwart.orchestrator.cli_conventions import EXIT_FAILED, EXIT_USAGE, format_option
+from stalwart.orchestrator.cli_conventions import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    format_option,
+    make_console,
+)
 
 
 def _say(kind: str, style: str, message: str) -> None:
-    Console(stderr=True).print(
+    make_console(stderr=True).print(
         Text.assemble((f"{kind}:", style), " ", " ".join(message.split())),
         highlight=False,
         soft_wrap=True,

@@ -1,9 +1,10 @@
 """`stalwart dashboards export|push`: get the dashboards into Grafana (dashboards/provision.py).
 
-Exit codes: 0 done, 1 Grafana failed (unreachable, token rejected, no Prometheus datasource),
-2 our side is wrong (no or bad token, bad URL or directory). Errors go to stderr, starting with
-`error:`. dashboards.provision imports grafana-client only when a push runs, so `stalwart --help`
-stays quick.
+Exit codes (docs/cli.md): 0 done; 2 bad input: our side (no or bad token, bad URL or
+directory) or the address (Grafana unreachable, not Grafana, the token refused, no Prometheus
+datasource: any answer but a 5xx); 1 Grafana failed (it answered HTTP 5xx). Errors go to
+stderr, starting with `error:`. dashboards.provision imports grafana-client only when a push
+runs, so `stalwart --help` stays quick.
 """
 
 from __future__ import annotations
@@ -13,15 +14,19 @@ import sys
 from typing import NoReturn
 
 import click
-from rich.console import Console
 from rich.text import Text
 
 from stalwart.dashboards.provision import DEFAULT_TIMEOUT_S, FOLDER
-from stalwart.orchestrator.cli_conventions import EXIT_FAILED, EXIT_USAGE, format_option
+from stalwart.orchestrator.cli_conventions import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    format_option,
+    make_console,
+)
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    Console(stderr=True).print(
+    make_console(stderr=True).print(
         Text.assemble(("error:", "red"), " ", message), highlight=False, soft_wrap=True
     )
     sys.exit(code)
@@ -119,7 +124,13 @@ def push_command(
     The token (a service account token with the Editor role) comes from $GRAFANA_TOKEN or
     from --token-file, which wins when both are given. It is never printed.
     """
-    from stalwart.dashboards.provision import ConfigError, ProvisionError, push, read_token
+    from stalwart.dashboards.provision import (
+        ConfigError,
+        GrafanaError,
+        ProvisionError,
+        push,
+        read_token,
+    )
 
     if not grafana_url:
         _fail("no Grafana URL: pass --grafana-url URL or set GRAFANA_URL", EXIT_USAGE)
@@ -128,7 +139,12 @@ def push_command(
         result = push(grafana_url, token, folder, datasource, timeout=timeout)
     except ConfigError as e:
         _fail(str(e), EXIT_USAGE)
-    except ProvisionError as e:  # GrafanaError: unreachable, refused, no datasource
+    except GrafanaError as e:
+        # Unreachable, not Grafana, the token refused, no datasource: the address given is
+        # not what it must be (2). Grafana answering 5xx failed itself (1).
+        failed = e.status is not None and e.status >= 500
+        _fail(str(e), EXIT_FAILED if failed else EXIT_USAGE)
+    except ProvisionError as e:  # our dashboards lack what the push needs
         _fail(str(e), EXIT_FAILED)
     if fmt == "json":
         click.echo(json.dumps(result.to_dict(), indent=2))

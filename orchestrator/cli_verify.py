@@ -15,13 +15,21 @@ from rich.table import Table
 from stalwart.orchestrator.cli_conventions import (
     EXIT_FAILED,
     EXIT_USAGE,
+    check_entrypoint,
+    check_fits,
+    discard_if_empty,
+    fail,
     format_option,
     load_job,
+    make_console,
+    new_dirs,
+    run_dir_option,
+    spec_dir,
 )
 
 
 @click.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a field")
 @click.option("--steps", type=int, default=None, help="steps of each run (default: the spec's)")
 @click.option("--kill-at", type=int, default=None, help="the step the kill happens before")
@@ -32,17 +40,12 @@ from stalwart.orchestrator.cli_conventions import (
     default=None,
     help="Ray cluster (default: RAY_ADDRESS, else an embedded local Ray)",
 )
-@click.option(
-    "--output",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="where both runs and their final checkpoints go (default runs/verify-NAME-TIME)",
-)
+@run_dir_option("where both runs and their final checkpoints go (default runs/verify-NAME-TIME)")
 @click.option(
     "--storage",
     default=None,
     help="where both runs' final checkpoints go, a path or fsspec URL every node can write "
-    "(default OUTPUT/checkpoints: an embedded Ray or a cluster on this machine)",
+    "(default RUN_DIR/checkpoints: an embedded Ray or a cluster on this machine)",
 )
 @click.option("--num-cpus", type=int, default=None, help="logical CPUs of the embedded Ray")
 @format_option("json: print the verdict as JSON")
@@ -53,7 +56,7 @@ def verify(
     kill_at: int | None,
     rank: int,
     address: str | None,
-    output: str | None,
+    run_dir: str | None,
     storage: str | None,
     num_cpus: int | None,
     fmt: str,
@@ -65,16 +68,20 @@ def verify(
     from stalwart.orchestrator.verify import VerifyError, plan
     from stalwart.orchestrator.verify import verify as run_verify
 
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     spec = load_job(file, overrides, err)
     try:
         plan(spec, steps, kill_at, rank)
     except VerifyError as e:
         err.print(f"[red]error:[/red] {e}", highlight=False, markup=False)
         sys.exit(EXIT_USAGE)
-    out = Path(output or f"runs/verify-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    base_dir = str(Path(file).resolve().parent)
-    console = Console(stderr=fmt == "json")
+    if not address:  # what `stalwart run` checks before starting an embedded Ray
+        check_entrypoint(spec, file, err)
+        check_fits(spec, file, None, num_cpus, err)
+    out = Path(run_dir or f"runs/verify-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    created = new_dirs(out)  # removed again if neither run starts
+    base_dir = spec_dir(file)
+    console = make_console(stderr=fmt == "json")
 
     def run(variant, run_dir: Path):
         console.print(f"stalwart verify: {run_dir.name} run -> {run_dir}", highlight=False)
@@ -91,8 +98,8 @@ def verify(
     try:
         verdict = run_verify(spec, run, out, steps, kill_at, rank, storage)
     except ClusterUnreachable as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        sys.exit(EXIT_USAGE)
+        discard_if_empty(created)
+        fail(str(e), EXIT_USAGE)
     if fmt == "json":
         click.echo(json.dumps(verdict.to_json(), indent=2))
     else:

@@ -23,5 +23,5 @@ def train_loop(ctx) -> None:
         loss.backward()
         optimizer.step()
         ctx.report(loss=loss.item(), samples=batch, tokens=batch * cfg.seq_len)
-        if step % 50 == 0:  # shows live (rank 0's) and lands in OUTPUT/logs/rank-R.log
+        if step % 50 == 0:  # shows live (rank 0's) and lands in RUN_DIR/logs/rank-R.log
             print(f"step {step}: loss {loss.item():.4f}")

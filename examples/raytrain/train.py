@@ -128,5 +128,5 @@ def train_loop(ctx) -> None:  # stalwart: was train_func(config); ctx.config is 
         optimizer.step()
         scheduler.step()
         ctx.report(loss=loss.item(), samples=len(labels))  # stalwart: was ray.train.report
-        if ctx.rank == 0 and step % 20 == 0:  # shown live, kept in OUTPUT/logs/rank-0.log
+        if ctx.rank == 0 and step % 20 == 0:  # shown live, kept in RUN_DIR/logs/rank-0.log
             print(f"step {step}: loss {loss.item():.4f}")

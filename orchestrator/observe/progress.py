@@ -42,6 +42,8 @@ class ProgressView:
     def __exit__(self, *exc: Any) -> None:
         self._live.update(self._render())
         self._live.__exit__(*exc)
+        if not self.console.is_terminal:  # rich ends the last line only on a terminal
+            self.console.line()
 
     def update(self, progress: dict[str, Any], events: list[dict[str, Any]]) -> None:
         self._last = progress

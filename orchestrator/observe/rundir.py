@@ -1,4 +1,4 @@
-"""Reading a run directory (the --output of `stalwart run`): RUN_DIR/events.jsonl (required)
+"""Reading a run directory (the --run-dir of `stalwart run`): RUN_DIR/events.jsonl (required)
 and RUN_DIR/result.json (optional: a run killed mid-way has none). What cannot be read is a
 `ReportError` whose message names the file, why, and what was expected there.
 """
@@ -31,9 +31,9 @@ def load_run(run_dir: str | Path) -> RunData:
     and result.json (absent is allowed; unreadable is an error)."""
     run = Path(run_dir)
     if not run.exists():
-        raise ReportError(f"{run}: no such run directory (expected the --output of stalwart run)")
+        raise ReportError(f"{run}: no such run directory (expected the --run-dir of stalwart run)")
     if not run.is_dir():
-        raise ReportError(f"{run}: not a directory (expected the --output of stalwart run)")
+        raise ReportError(f"{run}: not a directory (expected the --run-dir of stalwart run)")
     path = run / "events.jsonl"
     if not path.exists():
         raise ReportError(

@@ -323,7 +323,7 @@ def test_chaos_run_cli_on_a_cluster_it_did_not_start(cluster, cache, tmp_path):
         "json",
         "--junit",
         str(junit),
-        "--output",
+        "--run-dir",
         str(tmp_path / "out"),
         address=cluster.address,
         timeout=600,

@@ -37,7 +37,7 @@ def test_ctrl_c_cancels_and_reports(tmp_path, ray_address):
             "stalwart.orchestrator.cli",
             "run",
             str(spec_path),
-            "--output",
+            "--run-dir",
             str(out),
         ],
         cwd=REPO,

@@ -138,7 +138,7 @@ def test_driver_sigkill_then_rerun_resumes_from_the_last_durable_step(
     first = subprocess.Popen(
         [
             *(sys.executable, "-m", "stalwart.orchestrator.cli", "run", str(job)),
-            *("--address", multinode.address, "--output", str(first_out), "-o", "json"),
+            *("--address", multinode.address, "--run-dir", str(first_out), "-o", "json"),
         ],
         cwd=REPO,
         env=env,
@@ -155,7 +155,7 @@ def test_driver_sigkill_then_rerun_resumes_from_the_last_durable_step(
     assert done_before < 300, "the first run was not interrupted"
 
     second = stalwart_cli(
-        "run", str(job), "--output", str(tmp_path / "second"), "-o", "json",
+        "run", str(job), "--run-dir", str(tmp_path / "second"), "-o", "json",
         address=multinode.address, timeout=300,
     )  # fmt: skip
     assert second.returncode == 0, second.stderr[-3000:]
@@ -171,7 +171,7 @@ def test_driver_sigkill_then_rerun_resumes_from_the_last_durable_step(
     # The same job again with --resume never starts at step 0 although durable steps of it
     # exist (a shorter run: only where it starts matters).
     never = stalwart_cli(
-        "run", str(job), "--output", str(tmp_path / "third"), "-o", "json", "--resume", "never",
+        "run", str(job), "--run-dir", str(tmp_path / "third"), "-o", "json", "--resume", "never",
         "--set", "steps=30", address=multinode.address, timeout=300,
     )  # fmt: skip
     assert never.returncode == 0, never.stderr[-3000:]

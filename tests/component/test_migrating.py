@@ -66,7 +66,7 @@ def test_the_converted_torchrun_script_runs_from_its_job_spec_and_exports(tmp_pa
         *("--set", "steps=30", "--set", "chaos.faults=[]"),
         *("--set", f"checkpoint.persist.uri={tmp_path / 'durable'}"),
         *("--set", "checkpoint.persist.every_steps=10"),
-        *("--output", str(run_dir), "-o", "json"),
+        *("--run-dir", str(run_dir), "-o", "json"),
         timeout=500,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -92,7 +92,7 @@ def test_the_converted_ray_train_script_recovers_from_its_kill(tmp_path):
     """examples/raytrain/job.yaml as written: rank 1 killed at step 20, one recovery."""
     run_dir = tmp_path / "rt"
     done = stalwart_cli(
-        "run", "examples/raytrain/job.yaml", "--output", str(run_dir), "-o", "json",
+        "run", "examples/raytrain/job.yaml", "--run-dir", str(run_dir), "-o", "json",
         timeout=500,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -17,7 +17,7 @@ def stalwart(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_quickstart_kill_recovers_to_the_failure_free_model(tmp_path):
-    with_kill = stalwart("run", "examples/quickstart.yaml", "--output", str(tmp_path / "kill"))
+    with_kill = stalwart("run", "examples/quickstart.yaml", "--run-dir", str(tmp_path / "kill"))
     assert with_kill.returncode == 0, with_kill.stdout + with_kill.stderr
     out = with_kill.stdout
     # Live progress and the summary.
@@ -51,7 +51,7 @@ def test_quickstart_kill_recovers_to_the_failure_free_model(tmp_path):
         "examples/quickstart.yaml",
         "--set",
         "chaos.faults=[]",
-        "--output",
+        "--run-dir",
         str(tmp_path / "clean"),
         "-o",
         "json",

@@ -36,7 +36,7 @@ def test_verify_passes_a_loop_that_registers_everything(ray_address, tmp_path):
         f"entrypoint={REPO / 'tests/component/loops.py'}:scheduler_loop",
         "--kill-at",
         "9",
-        "--output",
+        "--run-dir",
         str(tmp_path / "v"),
         "-o",
         "json",

@@ -81,6 +81,7 @@ class FakeGrafana:
         self.read_only = False  # a Viewer's token: every write is a 403
         self.provisioned = False  # the dashboards are file-provisioned there: saving is a 400
         self.hide_folders_once = False  # a concurrent push creates the folder under our feet
+        self.broken = False  # Grafana failing itself: every save is an HTTP 500
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -160,6 +161,8 @@ class FakeGrafana:
     def _save(self, body: dict[str, Any]) -> tuple[int, Any]:
         self.uploads.append(body)
         board = body["dashboard"]
+        if self.broken:
+            return 500, {"message": "database is locked"}
         if self.provisioned:
             return 400, {"message": "Cannot save provisioned dashboard"}
         if body.get("folderUid") not in self.folders:
@@ -459,7 +462,7 @@ def test_a_rejected_token(grafana, token, caplog):
     caplog.set_level(logging.DEBUG)
     wrong = _secret()
     result = _invoke(["push", "--grafana-url", grafana.url], env={"GRAFANA_TOKEN": wrong})
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # bad input: a token refused
     assert result.stderr.startswith("error:")
     assert (
         f"Grafana at {grafana.url} rejected the token (HTTP 401 on GET /api/frontend/settings): "
@@ -493,7 +496,7 @@ def test_a_token_that_may_not_write(grafana, token):
 def test_an_unreachable_grafana(token, url, reason):
     url = url()
     result = _invoke(["push", "--grafana-url", url, "--timeout", "5"], env={"GRAFANA_TOKEN": token})
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # bad input: an address that cannot be reached, as for Ray
     assert result.stderr.startswith(f"error: cannot reach Grafana at {url}: {reason}")
     _assert_hidden(token, result.stdout, result.stderr)
 
@@ -513,7 +516,7 @@ def test_a_grafana_that_does_not_answer(token):
 def test_no_prometheus_datasource(grafana, token):
     grafana.datasources = [LOKI]
     result = _invoke(["push", "--grafana-url", grafana.url], env={"GRAFANA_TOKEN": token})
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # the address is not what the dashboards need
     assert result.stderr.startswith(f"error: Grafana at {grafana.url} has no Prometheus datasource")
     assert "it has: Loki (loki, uid loki-1)" in result.stderr
     assert not grafana.folders and not grafana.uploads  # nothing written before the check
@@ -525,10 +528,19 @@ def test_a_named_datasource_that_is_missing(grafana, token):
         ["push", "--grafana-url", grafana.url, "--datasource", "Mimir"],
         env={"GRAFANA_TOKEN": token},
     )
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert f"Grafana at {grafana.url} has no datasource named 'Mimir'" in result.stderr
     assert "Prometheus (prometheus, uid prom-main), Loki (loki, uid loki-1)" in result.stderr
     assert not grafana.uploads
+
+
+def test_a_grafana_that_fails_itself_is_exit_1(grafana, token):
+    grafana.broken = True
+    result = _invoke(["push", "--grafana-url", grafana.url], env={"GRAFANA_TOKEN": token})
+    assert result.exit_code == 1  # the service failed (HTTP 5xx), not our input
+    assert result.stderr.startswith(f"error: Grafana at {grafana.url} failed on POST")
+    assert "HTTP 500" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.splitlines()) < 25
 
 
 def test_a_named_datasource_that_is_not_prometheus(grafana, token):

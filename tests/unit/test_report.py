@@ -563,7 +563,7 @@ def test_a_2000_rank_run_draws_its_slowest_ranks_in_bounded_time_and_size(tmp_pa
 
 def test_cli_writes_the_report_and_prints_json(tmp_path):
     out = tmp_path / "out"
-    r = CliRunner().invoke(main, ["report", str(DATA), "--output", str(out), "-o", "json"])
+    r = CliRunner().invoke(main, ["report", str(DATA), "--out-dir", str(out), "-o", "json"])
     assert r.exit_code == 0, r.output
     files = json.loads(r.stdout)
     assert [Path(f).name for f in files] == [*PNGS, "index.html"]
