@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sys
 import time
 from importlib import resources
@@ -27,9 +28,23 @@ from stalwart.orchestrator.cli_conventions import (
     run_dir_option,
     set_option,
 )
+from stalwart.orchestrator.cli_jobs import auth_options, jobs_logs, jobs_status
 from stalwart.orchestrator.compat import UnsupportedDependency
+from stalwart.orchestrator.jobs import RESULT_PREFIX, STATUS_PREFIX
 
 STATUS_WATCH_S = 1.0  # how often `stalwart status --watch` asks
+# What a summary of a run's result.json reads (observe/progress.py print_summary).
+RESULT_KEYS = (
+    "name",
+    "status",
+    "steps_completed",
+    "total_steps",
+    "final_loss",
+    "wall_seconds",
+    "goodput",
+    "failures",
+    "lost_steps_total",
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -39,6 +54,39 @@ def main() -> None:
 
 
 _set_option = set_option
+
+
+def _cancel_on_sigterm(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+class _StatusRecords:
+    """For a submitted job (`--status-every S`): the progress snapshot, at most every S
+    seconds and at each state change, and the result at the end, as one-line records in the
+    job's log, which `stalwart status ID` reads through the Jobs API."""
+
+    def __init__(self, every_s: float | None):
+        self.every_s = every_s
+        self._last = 0.0
+        self._state: str | None = None
+
+    def progress(self, p: dict, _events: list) -> None:
+        if self.every_s is None:
+            return
+        now = time.monotonic()
+        if now - self._last >= self.every_s or p.get("state") != self._state:
+            self._last, self._state = now, p.get("state")
+            self._emit(STATUS_PREFIX, p)
+
+    def result(self, result: dict) -> None:
+        if self.every_s is not None:
+            self._emit(RESULT_PREFIX, result)
+
+    @staticmethod
+    def _emit(prefix: str, record: dict) -> None:
+        # On a line of its own, whatever the progress view left on the current one.
+        sys.__stdout__.write("\n" + prefix + json.dumps(record, separators=(",", ":")) + "\n")
+        sys.__stdout__.flush()
 
 
 def _resume_value(value: str) -> str:
@@ -80,6 +128,10 @@ def _resume_value(value: str) -> str:
     help="allow the spec's chaos faults on a cluster this command did not start (the spec "
     "must also say chaos.enabled: true)",
 )
+# `stalwart submit`'s entrypoint on the cluster: where relative entrypoints are found, and
+# the status records `stalwart status ID` reads from the job's log.
+@click.option("--base-dir", default=None, hidden=True)
+@click.option("--status-every", type=float, default=None, hidden=True)
 def run(
     file: str,
     overrides: tuple[str, ...],
@@ -90,8 +142,11 @@ def run(
     resume: str,
     all_ranks: bool = False,
     allow_remote: bool = False,
+    base_dir: str | None = None,
+    status_every: float | None = None,
 ) -> None:
-    """Train the job in FILE, recovering from failures, and print a summary."""
+    """Train the job in FILE, recovering from failures, and print a summary. This process
+    drives the job (Ctrl-C cancels it); `stalwart submit` runs it on a cluster instead."""
     from stalwart.orchestrator.driver import (
         ChaosRefused,
         ClusterUnreachable,
@@ -100,12 +155,26 @@ def run(
         SupervisorLost,
         run_job,
     )
+    from stalwart.orchestrator.jobs import is_jobs_address
     from stalwart.orchestrator.observe.progress import ProgressView, print_summary
     from stalwart.orchestrator.worker.entrypoint import EntrypointError, load_entrypoint
 
     err = Console(stderr=True)
+    if is_jobs_address(address):
+        err.print(
+            f"[red]error:[/red] --address {address}: that is a Jobs API; `stalwart submit "
+            "FILE --address ...` sends the job there (it trains on whether or not this machine "
+            "stays connected); `stalwart run` drives a job from here through ray://HEAD:10001 "
+            "or HEAD:6379",
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(EXIT_USAGE)
     spec = load_job(file, overrides, err)
-    base_dir = str(Path(file).resolve().parent)
+    if base_dir is not None:
+        base_dir = str(Path(base_dir).resolve())
+    else:
+        base_dir = str(Path(file).resolve().parent) if file != "-" else str(Path.cwd())
     # On this machine's embedded Ray the workers import exactly what we can: check it now.
     # A remote cluster may have the code where we do not (its image, a runtime_env); there
     # the workers report an entrypoint that does not import.
@@ -118,7 +187,7 @@ def run(
             sys.exit(EXIT_USAGE)
         check_fits(spec, file, None, num_cpus, err)
     default_dir = Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    out = Path(run_dir) if run_dir else default_dir
+    out = Path(run_dir).expanduser() if run_dir else default_dir
     created = new_dirs(out)  # removed again if the job never starts
     opts = RunOptions(
         address=address,
@@ -129,12 +198,25 @@ def run(
         allow_remote_chaos=allow_remote,
     )
     console = make_console(stderr=fmt == "json")
+    records = _StatusRecords(status_every)
+
+    def connected(gcs: str) -> None:
+        # `kill PID` (and Ray's stop of a submitted job) cancels as Ctrl-C does: cleanly.
+        # Installed once connected: ray.init puts in a SIGTERM handler of its own that exits.
+        signal.signal(signal.SIGTERM, _cancel_on_sigterm)
+        err.print(
+            f"stalwart: {spec.name} runs on the Ray at {gcs}; from another terminal: "
+            f"stalwart status {spec.name} -w",
+            highlight=False,
+            soft_wrap=True,
+        )
+
     try:
         if fmt == "json":
             # stdout is for the JSON alone: Ray prints some messages of its own there (a
             # worker's death: "(raylet) A worker died ..."), from its threads, meanwhile.
             with contextlib.redirect_stdout(sys.stderr):
-                result = run_job(spec, opts)
+                result = run_job(spec, opts, on_progress=records.progress, on_connected=connected)
         else:
             console.print(
                 f"stalwart: running {spec.name} ({spec.max_workers} workers, "
@@ -142,11 +224,17 @@ def run(
                 highlight=False,
             )
             with ProgressView(console, spec.name) as view:
+
+                def progress(p: dict, events: list) -> None:
+                    view.update(p, events)
+                    records.progress(p, events)
+
                 result = run_job(
                     spec,
                     opts,
-                    on_progress=view.update,
+                    on_progress=progress,
                     on_output=lambda lines: view.output(lines, all_ranks),
+                    on_connected=connected,
                 )
     except (ClusterUnreachable, JobAlreadyRunning, UnsupportedDependency, ChaosRefused) as e:
         discard_if_empty(created)  # a job that never started leaves no empty run directory
@@ -154,6 +242,7 @@ def run(
     except SupervisorLost as e:
         err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_FAILED)
+    records.result(result)
     if fmt == "json":
         click.echo(json.dumps(result, indent=2))
     else:
@@ -204,10 +293,12 @@ def quickstart(
 @click.option(
     "--address",
     envvar="RAY_ADDRESS",
-    default="auto",
-    show_default=True,
-    help="the Ray cluster the job runs on (default: $RAY_ADDRESS, else the one on this machine)",
+    default=None,
+    help="the cluster the job runs on: http://HEAD:8265 (its Jobs API, for a submitted job), "
+    "ray://HEAD:10001 or HEAD:6379 (default: $RAY_ADDRESS, else the cluster `stalwart run` "
+    "on this machine started the job on)",
 )
+@auth_options
 @format_option("json: print the job's progress snapshot (or result.json) as JSON")
 @click.option(
     "-w",
@@ -215,40 +306,47 @@ def quickstart(
     is_flag=True,
     help="keep updating until the job ends (Ctrl-C stops watching, not the job)",
 )
-def status(job: str, address: str, fmt: str, watch: bool) -> None:
+@click.option(
+    "--fetch",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="a submitted job: copy its run directory from the cluster into DIR",
+)
+def status(
+    job: str,
+    address: str | None,
+    headers: tuple[str, ...],
+    token_file: str | None,
+    fmt: str,
+    watch: bool,
+    fetch: str | None,
+) -> None:
     """Show JOB's state, step, steps/s, goodput, failures and slowest ranks. JOB is a
-    running job's name, or a run directory (its result.json: the job has ended)."""
+    submitted job's id or name (with a Jobs API --address), a running job's name, or a run
+    directory (its result.json: the job has ended). Exit 0 running or succeeded, 1 failed,
+    130 cancelled."""
     from rich.markup import escape
 
-    from stalwart.orchestrator.observe.progress import print_summary, status_line
+    from stalwart.orchestrator.jobs import is_jobs_address
+    from stalwart.orchestrator.observe.progress import status_line
 
     err = Console(stderr=True)
     console = Console()
     if Path(job).is_dir():
-        result_file = Path(job) / "result.json"
-        try:
-            result = json.loads(result_file.read_text())
-        except FileNotFoundError:
-            err.print(
-                f"[red]error:[/red] {result_file}: not found: the run has not ended (follow a "
-                "running job by name: stalwart status NAME --address ADDR)",
-                highlight=False,
-                soft_wrap=True,
-            )
-            sys.exit(EXIT_USAGE)
-        except (OSError, ValueError) as e:
-            err.print(
-                f"[red]error:[/red] {result_file}: expected the JSON result of a run: {e}",
-                highlight=False,
-                soft_wrap=True,
-            )
-            sys.exit(EXIT_USAGE)
-        if fmt == "json":
-            click.echo(json.dumps(result, indent=2))
-        else:
-            print_summary(console, result)
+        _status_of_run_dir(Path(job), fmt, console, err)
         return
-
+    if is_jobs_address(address):
+        jobs_status(job, address, headers, token_file, fmt, watch, fetch)
+        return
+    if fetch:
+        err.print(
+            "[red]error:[/red] --fetch copies a submitted job's run directory: give the "
+            "cluster's Jobs API, --address http://HEAD:8265",
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(EXIT_USAGE)
+    address = address or _registered_address(job, err)
     supervisor = job_supervisor(address, job, err)
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
@@ -275,12 +373,71 @@ def status(job: str, address: str, fmt: str, watch: bool) -> None:
                 width = console.width if console.is_terminal else 1000
                 console.print(status_line(job, p, None, width), width=width)
             if not watch or p["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                return
+                sys.exit({"FAILED": EXIT_FAILED, "CANCELLED": EXIT_CANCELLED}.get(p["state"], 0))
             time.sleep(STATUS_WATCH_S)
     except KeyboardInterrupt:
         return
     finally:
         ray.shutdown()
+
+
+def _registered_address(job: str, err: Console) -> str:
+    """The cluster `stalwart run` on this machine drives job `job` on; never another."""
+    from stalwart.orchestrator import registry
+
+    entry = registry.lookup(job)
+    if entry is None:
+        err.print(
+            f"[red]error:[/red] no job named {job!r} is driven by `stalwart run` on this "
+            "machine: give the cluster it runs on (--address http://HEAD:8265 for a submitted "
+            "job, or ray://HEAD:10001), or a run directory",
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(EXIT_USAGE)
+    return entry["address"]
+
+
+def _status_of_run_dir(run_dir: Path, fmt: str, console: Console, err: Console) -> None:
+    """A run directory's result.json: its summary; exit 1 if the run failed, 130 cancelled."""
+    from stalwart.orchestrator.observe.progress import print_summary
+
+    result_file = run_dir / "result.json"
+    try:
+        result = json.loads(result_file.read_text())
+    except FileNotFoundError:
+        err.print(
+            f"[red]error:[/red] {result_file}: not found: the run has not ended (follow a "
+            "running job by name: stalwart status NAME)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(EXIT_USAGE)
+    except (OSError, ValueError) as e:
+        err.print(
+            f"[red]error:[/red] {result_file}: expected the JSON result of a run: {e}",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
+        )
+        sys.exit(EXIT_USAGE)
+    missing = [] if not isinstance(result, dict) else [k for k in RESULT_KEYS if k not in result]
+    if not isinstance(result, dict) or missing:
+        what = ", ".join(missing) if isinstance(result, dict) else "an object"
+        err.print(
+            f"[red]error:[/red] {result_file}: not the result of a stalwart run (missing: {what})",
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(EXIT_USAGE)
+    if fmt == "json":
+        click.echo(json.dumps(result, indent=2))
+    else:
+        try:
+            print_summary(make_console(), result)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            fail(f"{result_file}: not the result of a stalwart run (its {e} is not as expected)")
+    sys.exit({"succeeded": 0, "cancelled": EXIT_CANCELLED}.get(result["status"], EXIT_FAILED))
 
 
 @main.command()
@@ -344,16 +501,36 @@ def uncordon(node: str, job: str, address: str) -> None:
 
 
 @main.command()
-@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.argument("job")
 @click.option("--rank", type=int, default=None, help="one rank's lines (default: all, merged)")
 @click.option("-f", "--follow", is_flag=True, help="keep printing lines as they are written")
-def logs(run_dir: str, rank: int | None, follow: bool) -> None:
-    """Print what the ranks of a run printed (RUN_DIR/logs/), in time order."""
+@click.option(
+    "--address",
+    envvar="RAY_ADDRESS",
+    default=None,
+    help="a submitted job's cluster, its Jobs API: http://HEAD:8265 (default: $RAY_ADDRESS)",
+)
+@auth_options
+def logs(
+    job: str,
+    rank: int | None,
+    follow: bool,
+    address: str | None,
+    headers: tuple[str, ...],
+    token_file: str | None,
+) -> None:
+    """Print what the ranks of a job printed, in time order. JOB is a run directory (its
+    logs/), or a submitted job's id or name with the cluster's Jobs API --address."""
+    from stalwart.orchestrator.jobs import is_jobs_address
     from stalwart.orchestrator.observe.logs import LogError, log_files, merged
 
     err = Console(stderr=True)
+    if not Path(job).is_dir() and is_jobs_address(address):
+        jobs_logs(job, address, headers, token_file, rank, follow)
+        return
+    run_dir = Path(job)
     try:
-        paths = log_files(Path(run_dir), rank)
+        paths = log_files(run_dir, rank)
     except LogError as e:
         err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True, markup=False)
         sys.exit(EXIT_USAGE)
@@ -366,7 +543,7 @@ def logs(run_dir: str, rank: int | None, follow: bool) -> None:
                 return
             time.sleep(STATUS_WATCH_S)  # polling the files, as `tail -f` does
             if rank is None:
-                paths = log_files(Path(run_dir))  # a rank that printed its first line
+                paths = log_files(run_dir)  # a rank that printed its first line
     except KeyboardInterrupt:
         sys.exit(EXIT_CANCELLED)
 
@@ -374,6 +551,10 @@ def logs(run_dir: str, rank: int | None, follow: bool) -> None:
 from stalwart.orchestrator.cli_chaos import chaos as _chaos  # noqa: E402
 from stalwart.orchestrator.cli_checkpoint import checkpoint as _checkpoint  # noqa: E402
 from stalwart.orchestrator.cli_dashboards import dashboards as _dashboards  # noqa: E402
+from stalwart.orchestrator.cli_jobs import fetch_run_dir as _fetch_run_dir  # noqa: E402
+from stalwart.orchestrator.cli_jobs import list_jobs as _list_jobs  # noqa: E402
+from stalwart.orchestrator.cli_jobs import stop as _stop  # noqa: E402
+from stalwart.orchestrator.cli_jobs import submit as _submit  # noqa: E402
 from stalwart.orchestrator.cli_spec import schema as _schema  # noqa: E402
 from stalwart.orchestrator.cli_spec import validate as _validate  # noqa: E402
 from stalwart.orchestrator.cli_verify import verify as _verify  # noqa: E402
@@ -384,6 +565,10 @@ main.add_command(_checkpoint)
 main.add_command(_chaos)
 main.add_command(_validate)
 main.add_command(_schema)
+main.add_command(_submit)
+main.add_command(_stop)
+main.add_command(_list_jobs)
+main.add_command(_fetch_run_dir)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from stalwart.orchestrator import registry
 from stalwart.orchestrator.compat import require_ray
 from stalwart.orchestrator.observe.logs import RunLogs
 from stalwart.orchestrator.spec import JobSpec
@@ -152,9 +153,11 @@ def run_job(
     opts: RunOptions,
     on_progress: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
     on_output: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_connected: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run `spec` to the end. Returns result.json's content (also written to opts.output).
-    `on_output`: the lines the ranks print, as they arrive (all kept under OUTPUT/logs/)."""
+    `on_output`: the lines the ranks print, as they arrive (all kept under OUTPUT/logs/);
+    `on_connected`: the cluster's address, once connected."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -162,12 +165,20 @@ def run_job(
 
     check_chaos_allowed(spec, opts)
     out = Path(opts.output)
-    out.mkdir(parents=True, exist_ok=True)
-    events_path = out / "events.jsonl"
-    events_path.write_text("")
-    logs = RunLogs(out)
+    # Connected first: an address that does not answer leaves no empty run directory.
     where = connect(opts.address, spec, opts.num_cpus, opts.connect_timeout_s)
+    logs: RunLogs | None = None
     try:
+        out.mkdir(parents=True, exist_ok=True)
+        events_path = out / "events.jsonl"
+        events_path.write_text("")
+        logs = RunLogs(out)
+        # Where another terminal finds this job (`stalwart status NAME`): this cluster and
+        # no other, even where another Ray runs on this machine.
+        gcs = ray.get_runtime_context().gcs_address
+        registry.record(spec.name, gcs, str(out))
+        if on_connected is not None:
+            on_connected(gcs)
         if spec.output_dir is None and (where == "embedded" or _one_machine()):
             # Every worker can write the run directory: ctx.output_dir is in it.
             spec = spec.model_copy(update={"output_dir": str((out / "output").resolve())})
@@ -256,8 +267,10 @@ def run_job(
         _linger(spec.metrics.linger_s, result.get("metrics_url"))
         return result
     finally:
+        registry.forget(spec.name)
         ray.shutdown()
-        logs.close()
+        if logs is not None:
+            logs.close()
 
 
 @contextlib.contextmanager
