@@ -339,6 +339,12 @@ class MetricsSpec(_Model):
         description="keep serving the final values this long after the job ends, so a "
         "Prometheus scraping every N s sees the end state (set it above the scrape interval)",
     )
+    file_sd_dir: str | None = Field(
+        None,
+        description="a folder on the head node that Prometheus reads with file_sd_configs "
+        "(dashboards/prometheus/scrape.yml): the job's supervisor writes its exporter's "
+        "target there as stalwart-NAME.json and removes it when the job ends",
+    )
 
 
 class WorkerRange(_Model):

@@ -26,6 +26,7 @@ from stalwart.health.observations import FailureKind, WorkerFailure
 from stalwart.health.policy import Action, Decision, decide
 from stalwart.orchestrator.chaos.faults import FaultBook, InjectRefused
 from stalwart.orchestrator.events import EventLog
+from stalwart.orchestrator.observe.discovery import TargetFile
 from stalwart.orchestrator.observe.metrics import JobMetrics
 from stalwart.orchestrator.spec import JobSpec
 from stalwart.orchestrator.state import JobState, StateMachine, Transition
@@ -73,6 +74,7 @@ class JobSupervisor:
         self.metrics = JobMetrics(self.spec.name)
         self.events.subscribe(self.metrics.on_event)
         self.metrics_url: str | None = None
+        self._target: TargetFile | None = None  # metrics.file_sd_dir
         self._metrics_at = 0.0  # when the metrics were last refreshed
         self._metrics_cost = 0.0  # seconds the last refresh took
         self.sm = StateMachine()
@@ -161,6 +163,7 @@ class JobSupervisor:
                 log.exception("final metrics refresh failed")
             self.pool.teardown(self.elastic.waiting())
             self.gen.close()
+            TargetFile.retire(self._target, self.spec.metrics.linger_s)  # as the driver lingers
         return self.result()
 
     def poll(self, since: int = 0, output_since: int | None = None) -> dict[str, Any]:
@@ -521,6 +524,7 @@ class JobSupervisor:
             return
         self.metrics_url = f"http://{m.host}:{port}/metrics"
         self.events.emit("metrics_exporter", url=self.metrics_url, host=m.host, port=port)
+        self._target = TargetFile.publish(m, self.spec.name, port, self.events.emit)
 
     def _refresh_metrics(self) -> None:
         self._metrics_at = now = time.time()

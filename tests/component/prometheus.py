@@ -24,7 +24,14 @@ def free_port() -> int:
 
 
 class Prometheus:
-    def __init__(self, workdir: Path, targets: list[str], rule_files: list[Path]):
+    def __init__(
+        self,
+        workdir: Path,
+        targets: list[str],
+        rule_files: list[Path],
+        file_sd: Path | None = None,
+    ):
+        """Scrapes `targets`, or the targets in file_sd's *.json files (file_sd_configs)."""
         binary = shutil.which("prometheus")
         assert binary, "prometheus not found: install Debian's prometheus package"
         self.port = free_port()
@@ -38,7 +45,11 @@ class Prometheus:
                 {
                     "job_name": "stalwart",
                     "scrape_timeout": "1s",
-                    "static_configs": [{"targets": targets}],
+                    **(
+                        {"file_sd_configs": [{"files": [str(file_sd / "*.json")]}]}
+                        if file_sd is not None
+                        else {"static_configs": [{"targets": targets}]}
+                    ),
                 }
             ],
         }

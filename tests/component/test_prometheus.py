@@ -3,7 +3,9 @@ stalwart's rules loaded: the metrics are there, and the alerts for the faults fi
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from stalwart.dashboards.definitions import ALL
 from stalwart.orchestrator.observe.report import build_report
 from tests.component.conftest import HEAVIER, make_runner, small_spec
-from tests.component.prometheus import Prometheus, free_port
+from tests.component.prometheus import Prometheus
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(400)]
 
@@ -20,13 +22,17 @@ RULES = Path(__file__).resolve().parents[2] / "dashboards" / "rules" / "stalwart
 
 
 @pytest.fixture
-def exporter_port():
-    return free_port()
+def file_sd(tmp_path):
+    # There before Prometheus starts, as in a deployment: it watches the folder for files.
+    (tmp_path / "file_sd").mkdir()
+    return tmp_path / "file_sd"
 
 
 @pytest.fixture
-def prometheus(tmp_path, exporter_port):
-    prom = Prometheus(tmp_path / "prometheus", [f"127.0.0.1:{exporter_port}"], [RULES])
+def prometheus(tmp_path, file_sd):
+    # No target of its own: it finds each job's exporter, on a port picked at random, in
+    # the target file the job writes into file_sd (metrics.file_sd_dir).
+    prom = Prometheus(tmp_path / "prometheus", [], [RULES], file_sd=file_sd)
     yield prom
     prom.stop()
     assert not (tmp_path / "prometheus" / "data").exists()
@@ -69,9 +75,9 @@ def _every_panel_has_data(prometheus, train_job: str, job: threading.Thread) -> 
 
 
 def test_real_prometheus_scrapes_the_job_and_the_fault_alerts_fire(
-    run, prometheus, exporter_port, tmp_path
+    run, prometheus, file_sd, tmp_path
 ):
-    metrics = {"port": exporter_port, "linger_s": 4}
+    metrics = {"port": 0, "linger_s": 4, "file_sd_dir": str(file_sd)}
     # Job A recovers from a killed worker and from a GPU's application Xid, persists
     # checkpoints, and is left with one restart.
     spec_a = small_spec(
@@ -88,7 +94,9 @@ def test_real_prometheus_scrapes_the_job_and_the_fault_alerts_fire(
     )
     job, box = _run_in_background(run, spec_a)
     up = prometheus.wait_for('up{job="stalwart"} == 1', timeout_s=120)
-    assert up[0]["metric"]["instance"] == f"127.0.0.1:{exporter_port}"
+    (target,) = json.loads((file_sd / "stalwart-prom-a.json").read_text())
+    assert up[0]["metric"]["instance"] == target["targets"][0]
+    assert up[0]["metric"]["stalwart_name"] == "prom-a"
     fired = prometheus.wait_for(
         'ALERTS{alertname="StalwartRestartBudgetLow",alertstate="firing",train_job="prom-a"}',
         timeout_s=120,
@@ -145,10 +153,15 @@ def test_real_prometheus_scrapes_the_job_and_the_fault_alerts_fire(
     assert failed[0]["metric"]["severity"] == "page"
     job.join(timeout=120)
     assert box["result"]["status"] == "failed"
+    # The target files go once the exporters stopped serving (metrics.linger_s after).
+    deadline = time.monotonic() + 60
+    while list(file_sd.glob("*.json")):
+        assert time.monotonic() < deadline, list(file_sd.glob("*.json"))
+        time.sleep(0.5)  # the supervisor's linger timer, bounded by the deadline
 
 
 def test_real_prometheus_sees_a_lost_node_a_fatal_xid_and_a_straggler(
-    multinode, prometheus, exporter_port, tmp_path
+    multinode, prometheus, file_sd, tmp_path
 ):
     """Job C, on a multi-node cluster: a node is killed, a GPU reports a fatal Xid (its node
     is cordoned) and a rank turns slow (policy alert: flagged, kept)."""
@@ -157,7 +170,7 @@ def test_real_prometheus_sees_a_lost_node_a_fatal_xid_and_a_straggler(
     spec = small_spec(
         name="prom-c",
         steps=LONG,  # cancelled once everything was checked
-        metrics={"port": exporter_port, "linger_s": 4},
+        metrics={"port": 0, "linger_s": 4, "file_sd_dir": str(file_sd)},
         health__gpu={"probe": "fake"},
         failure__max_restarts=5,
         checkpoint__every_steps=5,

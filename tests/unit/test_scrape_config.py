@@ -98,5 +98,6 @@ def test_the_stalwart_job_is_what_the_rules_and_docs_expect():
     assert "static_configs" not in job
     [sd] = job["file_sd_configs"]
     assert all(f.startswith("/etc/prometheus/stalwart.d/") for f in sd["files"])
-    assert "metrics: {port: 9400}" in SCRAPE.read_text()
-    assert "9400" in OPERATIONS.read_text()
+    # ... written by the jobs themselves (metrics.file_sd_dir), into the folder read here.
+    assert "metrics: {file_sd_dir: /etc/prometheus/stalwart.d}" in SCRAPE.read_text()
+    assert "file_sd_dir" in OPERATIONS.read_text()
