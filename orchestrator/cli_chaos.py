@@ -23,6 +23,8 @@ from stalwart.orchestrator.cli_conventions import (
     new_dirs,
     run_dir_option,
 )
+from stalwart.orchestrator.cli_jobs import auth_options, remote_chaos_run
+from stalwart.orchestrator.jobs import is_jobs_address
 
 
 @click.group()
@@ -39,8 +41,9 @@ def chaos() -> None:
     "--address",
     envvar="RAY_ADDRESS",
     default=None,
-    help="Ray cluster (default: RAY_ADDRESS, else the cluster the scenario describes, "
-    "started and stopped by this command)",
+    help="Ray cluster: http://HEAD:8265 runs the scenarios there as a job of their own; "
+    "ray://HEAD:10001 or HEAD:6379 drives them from here (default: RAY_ADDRESS, else the "
+    "cluster the scenario describes, started and stopped by this command)",
 )
 @click.option(
     "--allow-remote",
@@ -64,11 +67,14 @@ def chaos() -> None:
     help="Prometheus URL: check the scenario's expected alerts fire",
 )
 @format_option("json: print the verdicts as JSON")
+@auth_options
 def run(
     scenarios: tuple[str, ...],
     overrides: tuple[str, ...],
     address: str | None,
     allow_remote: bool,
+    headers: tuple[str, ...],
+    token_file: str | None,
     run_dir: str | None,
     junit_path: str | None,
     no_cache: bool,
@@ -107,7 +113,26 @@ def run(
                 err.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
             sys.exit(EXIT_USAGE)
         loaded.append(sc)
-    root = Path(run_dir) if run_dir else Path("runs") / f"chaos-{time.strftime('%Y%m%d-%H%M%S')}"
+    if is_jobs_address(address):  # a Jobs API: the scenarios run on the cluster itself
+        if run_dir:
+            fail("--run-dir: the runs of a chaos run on a Jobs API stay on the cluster")
+        remote_chaos_run(
+            scenarios,
+            overrides,
+            address,
+            headers,
+            token_file,
+            allow_remote,
+            junit_path,
+            no_cache,
+            prometheus_url,
+            fmt,
+        )
+    root = (
+        Path(run_dir).expanduser()
+        if run_dir
+        else Path("runs") / f"chaos-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     created = new_dirs(root)  # removed again if no scenario starts
     verdicts = []
     for sc in loaded:
@@ -141,7 +166,7 @@ def run(
         if fmt == "text":
             console.print(table(v))
     if junit_path:
-        Path(junit_path).write_text(junit(verdicts))
+        Path(junit_path).expanduser().write_text(junit(verdicts))
     if fmt == "json":
         click.echo(json.dumps([v.to_dict() for v in verdicts], indent=2))
     elif len(verdicts) > 1:

@@ -328,3 +328,68 @@ def jobs_logs(
         sys.exit(EXIT_CANCELLED)
     except JobsError as e:
         fail(str(e))
+
+
+def remote_chaos_run(
+    scenarios: tuple[str, ...],
+    overrides: tuple[str, ...],
+    address: str,
+    headers: tuple[str, ...],
+    token_file: str | None,
+    allow_remote: bool,
+    junit_path: str | None,
+    no_cache: bool,
+    prometheus_url: str | None,
+    fmt: str,
+) -> None:
+    """`stalwart chaos run --address http://HEAD:8265`: the scenarios run on the cluster as
+    a job of their own (this directory uploaded, as `submit` does), their output followed
+    here; exit as the chaos run there exits (Ctrl-C stops it)."""
+    import shlex
+    import tempfile
+    import uuid
+
+    from stalwart.orchestrator.jobs import user_lines
+
+    if not allow_remote:
+        fail(
+            f"faults on the cluster at {address}, which this command did not start, need "
+            "--allow-remote (and `chaos.enabled: true` in each scenario's job spec)"
+        )
+    wd = Path.cwd()
+    rel = []
+    for path in scenarios:
+        try:
+            rel.append(str(Path(path).resolve().relative_to(wd)))
+        except ValueError:
+            fail(f"{path}: outside the directory uploaded to the cluster ({wd}): run from above it")
+    jobs = connect(address, headers, token_file, None)
+    submission_id = f"stalwart-chaos-{uuid.uuid4().hex[:8]}"
+    run_dir = f"~/stalwart-runs/{submission_id}"
+    args = ["stalwart", "chaos", "run", *rel, "--allow-remote", "--run-dir", run_dir, "-o", fmt]
+    args += ["--junit", f"{run_dir}/junit.xml"] if junit_path else []
+    args += ["--no-cache"] if no_cache else []
+    args += ["--prometheus", prometheus_url] if prometheus_url else []
+    for o in overrides:
+        args += ["--set", o]
+    meta = {"stalwart_name": "chaos", "stalwart_run_dir": run_dir}
+    job = None
+    try:
+        job = jobs.submit_command(submission_id, shlex.join(args), meta, wd, {}, [])
+        make_console(stderr=True).print(
+            f"stalwart chaos: running on {jobs.address} as {submission_id}", highlight=False
+        )
+        for line in user_lines(jobs.follow(job)):
+            click.echo(line)
+        job = jobs.find(submission_id)
+        if junit_path:
+            with tempfile.TemporaryDirectory() as tmp:
+                jobs.fetch(job, Path(tmp))
+                Path(junit_path).write_bytes((Path(tmp) / "junit.xml").read_bytes())
+    except KeyboardInterrupt:
+        if job is not None:
+            jobs.stop(job)
+        sys.exit(EXIT_CANCELLED)
+    except (JobsError, OSError) as e:
+        fail(str(e))
+    sys.exit({"SUCCEEDED": 0, "STOPPED": EXIT_CANCELLED}.get(job.status, EXIT_FAILED))

@@ -12,6 +12,7 @@ on the head that archives it into its own log.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import logging
@@ -225,47 +226,51 @@ class Jobs:
         validated text); the job's id."""
         submission_id = f"stalwart-{name}-{uuid.uuid4().hex[:8]}"
         run_dir = run_dir or f"~/stalwart-runs/{submission_id}"  # the driver's home
+        args = ["run", "-", "--base-dir", base_dir, "--run-dir", run_dir, "--resume", resume]
+        args += ["--all-ranks", "--status-every", f"{STATUS_EVERY_S:g}"]
+        if allow_remote:
+            args.append("--allow-remote")
+        return self.submit_command(
+            submission_id,
+            'printf %s "$STALWART_JOB_SPEC" | ' + shlex.join(["stalwart", *args]),
+            {"stalwart_name": name, "stalwart_run_dir": run_dir},
+            working_dir,
+            {
+                **runtime_env,
+                "env_vars": {**runtime_env.get("env_vars", {}), "STALWART_JOB_SPEC": spec_text},
+            },
+            excludes,
+        )
+
+    def submit_command(
+        self,
+        submission_id: str,
+        entrypoint: str,
+        metadata: dict[str, str],
+        working_dir: Path,
+        runtime_env: dict[str, Any],
+        excludes: list[str],
+    ) -> Job:
+        """Upload `working_dir` (refused first if over Ray's limit) and run `entrypoint`, a
+        `stalwart` command, there as the job `submission_id`."""
         excludes = DEFAULT_EXCLUDES + excludes + list(runtime_env.get("excludes", []))
         check_upload_size(working_dir, excludes)
         env = {**runtime_env, "working_dir": str(working_dir.resolve()), "excludes": excludes}
         env["env_vars"] = {
             **env.get("env_vars", {}),
-            "STALWART_JOB_SPEC": spec_text,
             "RAY_JOB_STOP_SIGNAL": "SIGTERM",
             "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_S),
         }
-        args = [
-            "stalwart",
-            "run",
-            "-",
-            "--base-dir",
-            base_dir,
-            "--run-dir",
-            run_dir,
-            "--resume",
-            resume,
-            "--all-ranks",
-            "--status-every",
-            f"{STATUS_EVERY_S:g}",
-        ]
-        if allow_remote:
-            args.append("--allow-remote")
-        entrypoint = 'printf %s "$STALWART_JOB_SPEC" | ' + shlex.join(args)
-        metadata = {MARK: "1", "stalwart_name": name, "stalwart_run_dir": run_dir}
-        ray_log = logging.getLogger("ray")
-        level = ray_log.level
-        ray_log.setLevel(logging.ERROR)  # its packaging notes, one per ignore file found
         try:
-            self._client.submit_job(
-                entrypoint=entrypoint,
-                submission_id=submission_id,
-                runtime_env=env,
-                metadata=metadata,
-            )
+            with _quiet_ray():  # its packaging notes, one per ignore file found
+                self._client.submit_job(
+                    entrypoint=entrypoint,
+                    submission_id=submission_id,
+                    runtime_env=env,
+                    metadata={MARK: "1", **metadata},
+                )
         except (RuntimeError, ValueError, ConnectionError) as e:
             raise JobsError(f"{self.address}: the job was not accepted: {_first_line(e)}") from None
-        finally:
-            ray_log.setLevel(level)
         return self.find(submission_id)
 
     # -- following ------------------------------------------------------------------------
@@ -413,17 +418,9 @@ def check_upload_size(working_dir: Path, excludes: list[str]) -> None:
 
     if not working_dir.is_dir():
         raise JobsError(f"working directory {working_dir}: not a directory")
-    with tempfile.TemporaryDirectory(prefix="stalwart-upload-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="stalwart-upload-") as tmp, _quiet_ray():
         path = Path(tmp) / "working_dir.zip"  # Ray writes a package only where none is
-        quiet = logging.getLogger(packaging.__name__)
-        level = quiet.level
-        quiet.setLevel(logging.ERROR)
-        try:
-            packaging.create_package(
-                str(working_dir), path, include_gitignore=True, excludes=excludes
-            )
-        finally:
-            quiet.setLevel(level)
+        packaging.create_package(str(working_dir), path, include_gitignore=True, excludes=excludes)
         size = path.stat().st_size
     limit = packaging.GCS_STORAGE_MAX_SIZE
     if size >= limit:
@@ -432,6 +429,22 @@ def check_upload_size(working_dir: Path, excludes: list[str]) -> None:
             f"{limit / 2**20:.1f} MiB upload limit; leave large files out with .gitignore, "
             ".rayignore or --exclude PATTERN (data and checkpoints belong in storage)"
         )
+
+
+@contextlib.contextmanager
+def _quiet_ray() -> Iterator[None]:
+    """Ray's INFO and WARNING notes off for a while (its loggers set their own levels)."""
+    loggers = [logging.getLogger("ray")] + [
+        logging.getLogger(n) for n in list(logging.root.manager.loggerDict) if n.startswith("ray.")
+    ]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 def _ray_auth_headers() -> dict[str, str]:

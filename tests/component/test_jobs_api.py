@@ -311,3 +311,17 @@ def test_bad_addresses_and_credentials_are_one_clear_line_each(head):
     assert "0" * 64 not in refused.stderr + refused.stdout  # a token is never printed
     missing = cli(head, "status", "no-such-job", "--address", head.address)
     assert missing.returncode == 2 and "no stalwart job with the id or name" in missing.stderr
+
+
+@pytest.mark.timeout(400)
+def test_a_chaos_scenario_runs_on_the_cluster_through_its_jobs_api(head, tmp_path):
+    scenario = "examples/chaos/kill-worker.yaml"
+    job = '["chaos.enabled=true", "steps=50", "workers=2", "failure.spares=0"]'
+    base = ["chaos", "run", scenario, "--address", head.address, "--set", f"job.set={job}"]
+    refused = cli(head, *base)  # faults on a cluster this command did not start: opt in
+    assert refused.returncode == 2 and "need --allow-remote" in refused.stderr
+    junit = tmp_path / "junit.xml"
+    done = cli(head, *base, "--allow-remote", "--junit", str(junit), timeout=360)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "PASS  kill-worker" in done.stdout and "identical model" in done.stdout
+    assert 'failures="0"' in junit.read_text()
