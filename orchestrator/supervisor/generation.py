@@ -10,6 +10,7 @@ survivors (`release`): their collectives fail, their loops unwind and `run()` re
 from __future__ import annotations
 
 import datetime
+import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -43,13 +44,22 @@ def open_rendezvous(
     out: dict[str, Any] = {}
     if {i["node_ip"] for i in worker_infos} == {host}:
         host = out["gloo_host"] = "127.0.0.1"
+    # Listening on `host` alone (the node's cluster address, or loopback), not on every
+    # interface as a TCPStore that binds its own socket does: a socket bound here, handed
+    # over (the store owns it from then on).
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, 0))
+    listener.listen(1024)
     store = dist.TCPStore(
         host,
-        0,
+        listener.getsockname()[1],
         None,
         True,
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=timeout_s),
+        master_listen_fd=listener.detach(),
     )
     return store, {**out, "host": host, "port": store.port}
 
