@@ -173,12 +173,6 @@ def run_job(
         events_path = out / "events.jsonl"
         events_path.write_text("")
         logs = RunLogs(out)
-        # Where another terminal finds this job (`stalwart status NAME`): this cluster and
-        # no other, even where another Ray runs on this machine.
-        gcs = ray.get_runtime_context().gcs_address
-        registry.record(spec.name, gcs, str(out))
-        if on_connected is not None:
-            on_connected(gcs)
         if spec.output_dir is None and (where == "embedded" or _one_machine()):
             # Every worker can write the run directory: ctx.output_dir is in it.
             spec = spec.model_copy(update={"output_dir": str((out / "output").resolve())})
@@ -190,6 +184,12 @@ def run_job(
             )
         name = f"stalwart-{spec.name}"
         _wait_for_name(name)
+        # Where another terminal finds this job (`stalwart status NAME`): this cluster and
+        # no other, even where another Ray runs on this machine.
+        gcs = ray.get_runtime_context().gcs_address
+        registry.record(spec.name, gcs, str(out))
+        if on_connected is not None:
+            on_connected(gcs)
         # One store key for every supervisor of this run: a restarted one finds the node
         # agents (and the shards in their memory) by it.
         store_key = f"{spec.name}-{uuid.uuid4().hex[:12]}"
