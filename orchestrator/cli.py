@@ -17,6 +17,7 @@ from stalwart.orchestrator.cli_conventions import (
     EXIT_CANCELLED,
     EXIT_FAILED,
     EXIT_USAGE,
+    check_entrypoint,
     check_fits,
     discard_if_empty,
     fail,
@@ -25,8 +26,10 @@ from stalwart.orchestrator.cli_conventions import (
     load_job,
     make_console,
     new_dirs,
+    result_exit_code,
     run_dir_option,
     set_option,
+    spec_dir,
 )
 from stalwart.orchestrator.cli_jobs import auth_options, jobs_logs, jobs_status
 from stalwart.orchestrator.compat import UnsupportedDependency
@@ -157,34 +160,21 @@ def run(
     )
     from stalwart.orchestrator.jobs import is_jobs_address
     from stalwart.orchestrator.observe.progress import ProgressView, print_summary
-    from stalwart.orchestrator.worker.entrypoint import EntrypointError, load_entrypoint
 
     err = Console(stderr=True)
     if is_jobs_address(address):
-        err.print(
-            f"[red]error:[/red] --address {address}: that is a Jobs API; `stalwart submit "
-            "FILE --address ...` sends the job there (it trains on whether or not this machine "
-            "stays connected); `stalwart run` drives a job from here through ray://HEAD:10001 "
-            "or HEAD:6379",
-            highlight=False,
-            soft_wrap=True,
+        fail(
+            f"--address {address}: that is a Jobs API; `stalwart submit FILE --address ...` "
+            "sends the job there (it trains on whether or not this machine stays connected); "
+            "`stalwart run` drives a job from here through ray://HEAD:10001 or HEAD:6379"
         )
-        sys.exit(EXIT_USAGE)
     spec = load_job(file, overrides, err)
-    if base_dir is not None:
-        base_dir = str(Path(base_dir).resolve())
-    else:
-        base_dir = str(Path(file).resolve().parent) if file != "-" else str(Path.cwd())
+    base_dir = str(Path(base_dir).resolve()) if base_dir is not None else spec_dir(file)
     # On this machine's embedded Ray the workers import exactly what we can: check it now.
     # A remote cluster may have the code where we do not (its image, a runtime_env); there
     # the workers report an entrypoint that does not import.
     if not address:
-        try:
-            load_entrypoint(spec.entrypoint, base_dir)
-        except EntrypointError as e:
-            err.print(f"[red]error:[/red] {file}: entrypoint", highlight=False)
-            err.print(f"  {e}", markup=False, highlight=False, soft_wrap=True)
-            sys.exit(EXIT_USAGE)
+        check_entrypoint(spec, file, err, base_dir)
         check_fits(spec, file, None, num_cpus, err)
     default_dir = Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     out = Path(run_dir).expanduser() if run_dir else default_dir
@@ -247,7 +237,7 @@ def run(
         click.echo(json.dumps(result, indent=2))
     else:
         print_summary(console, result)
-    sys.exit({"succeeded": 0, "cancelled": EXIT_CANCELLED}.get(result["status"], EXIT_FAILED))
+    sys.exit(result_exit_code(result["status"]))
 
 
 @main.command()
@@ -333,20 +323,17 @@ def status(
     err = Console(stderr=True)
     console = Console()
     if Path(job).is_dir():
-        _status_of_run_dir(Path(job), fmt, console, err)
+        _status_of_run_dir(Path(job), fmt)
         return
     if is_jobs_address(address):
         jobs_status(job, address, headers, token_file, fmt, watch, fetch)
         return
     if fetch:
-        err.print(
-            "[red]error:[/red] --fetch copies a submitted job's run directory: give the "
-            "cluster's Jobs API, --address http://HEAD:8265",
-            highlight=False,
-            soft_wrap=True,
+        fail(
+            "--fetch copies a submitted job's run directory: give the cluster's Jobs API, "
+            "--address http://HEAD:8265"
         )
-        sys.exit(EXIT_USAGE)
-    address = address or _registered_address(job, err)
+    address = address or _registered_address(job)
     supervisor = job_supervisor(address, job, err)
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
@@ -381,24 +368,21 @@ def status(
         ray.shutdown()
 
 
-def _registered_address(job: str, err: Console) -> str:
+def _registered_address(job: str) -> str:
     """The cluster `stalwart run` on this machine drives job `job` on; never another."""
     from stalwart.orchestrator import registry
 
     entry = registry.lookup(job)
     if entry is None:
-        err.print(
-            f"[red]error:[/red] no job named {job!r} is driven by `stalwart run` on this "
-            "machine: give the cluster it runs on (--address http://HEAD:8265 for a submitted "
-            "job, or ray://HEAD:10001), or a run directory",
-            highlight=False,
-            soft_wrap=True,
+        fail(
+            f"no job named {job!r} is driven by `stalwart run` on this machine: give the "
+            "cluster it runs on (--address http://HEAD:8265 for a submitted job, or "
+            "ray://HEAD:10001), or a run directory"
         )
-        sys.exit(EXIT_USAGE)
     return entry["address"]
 
 
-def _status_of_run_dir(run_dir: Path, fmt: str, console: Console, err: Console) -> None:
+def _status_of_run_dir(run_dir: Path, fmt: str) -> None:
     """A run directory's result.json: its summary; exit 1 if the run failed, 130 cancelled."""
     from stalwart.orchestrator.observe.progress import print_summary
 
@@ -406,30 +390,16 @@ def _status_of_run_dir(run_dir: Path, fmt: str, console: Console, err: Console) 
     try:
         result = json.loads(result_file.read_text())
     except FileNotFoundError:
-        err.print(
-            f"[red]error:[/red] {result_file}: not found: the run has not ended (follow a "
-            "running job by name: stalwart status NAME)",
-            highlight=False,
-            soft_wrap=True,
+        fail(
+            f"{result_file}: not found: the run has not ended (follow a running job by name: "
+            "stalwart status NAME)"
         )
-        sys.exit(EXIT_USAGE)
     except (OSError, ValueError) as e:
-        err.print(
-            f"[red]error:[/red] {result_file}: expected the JSON result of a run: {e}",
-            highlight=False,
-            soft_wrap=True,
-            markup=False,
-        )
-        sys.exit(EXIT_USAGE)
+        fail(f"{result_file}: expected the JSON result of a run: {e}")
     missing = [] if not isinstance(result, dict) else [k for k in RESULT_KEYS if k not in result]
     if not isinstance(result, dict) or missing:
         what = ", ".join(missing) if isinstance(result, dict) else "an object"
-        err.print(
-            f"[red]error:[/red] {result_file}: not the result of a stalwart run (missing: {what})",
-            highlight=False,
-            soft_wrap=True,
-        )
-        sys.exit(EXIT_USAGE)
+        fail(f"{result_file}: not the result of a stalwart run (missing: {what})")
     if fmt == "json":
         click.echo(json.dumps(result, indent=2))
     else:
@@ -437,7 +407,7 @@ def _status_of_run_dir(run_dir: Path, fmt: str, console: Console, err: Console) 
             print_summary(make_console(), result)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             fail(f"{result_file}: not the result of a stalwart run (its {e} is not as expected)")
-    sys.exit({"succeeded": 0, "cancelled": EXIT_CANCELLED}.get(result["status"], EXIT_FAILED))
+    sys.exit(result_exit_code(result["status"]))
 
 
 @main.command()

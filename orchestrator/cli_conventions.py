@@ -34,6 +34,11 @@ EXIT_CANCELLED = 130  # Ctrl-C
 PIPE_WIDTH = 4096  # columns of a Console that writes to a pipe or a file (no wrapping)
 
 
+def result_exit_code(status: str) -> int:
+    """The exit code of a run whose result.json says `status`."""
+    return {"succeeded": 0, "cancelled": EXIT_CANCELLED}.get(status, EXIT_FAILED)
+
+
 def make_console(stderr: bool = False) -> Console:
     """A rich Console for stdout (or stderr): a terminal's width on a terminal; to a pipe or
     a file, lines as long as they are (rich would wrap them at 80 columns), unless COLUMNS
@@ -146,13 +151,14 @@ def spec_dir(file: str) -> str:
     return str(Path.cwd() if file == "-" else Path(file).resolve().parent)
 
 
-def check_entrypoint(spec: JobSpec, file: str, err: Console) -> None:
+def check_entrypoint(spec: JobSpec, file: str, err: Console, base_dir: str | None = None) -> None:
     """Exit 2 unless the spec's entrypoint imports here (what the workers of an embedded
-    Ray do; a cluster may have code this machine lacks, so callers ask only without one)."""
+    Ray do; a cluster may have code this machine lacks, so callers ask only without one).
+    Relative entrypoints resolve in `base_dir`, by default FILE's directory."""
     from stalwart.orchestrator.worker.entrypoint import EntrypointError, load_entrypoint
 
     try:
-        load_entrypoint(spec.entrypoint, spec_dir(file))
+        load_entrypoint(spec.entrypoint, base_dir or spec_dir(file))
     except EntrypointError as e:
         err.print(f"[red]error:[/red] {escape(_source(file))}: entrypoint", highlight=False)
         err.print(f"  {e}", markup=False, highlight=False, soft_wrap=True)

@@ -20,6 +20,8 @@ from stalwart.orchestrator.cli_conventions import (
     format_option,
     load_job,
     make_console,
+    result_exit_code,
+    spec_dir,
 )
 from stalwart.orchestrator.jobs import TERMINAL, Job, Jobs, JobsError
 
@@ -54,7 +56,7 @@ def auth_options(fn):
     )(fn)
 
 
-def connect(address: str, headers: tuple[str, ...], token_file: str | None, err: Console) -> Jobs:
+def connect(address: str, headers: tuple[str, ...], token_file: str | None) -> Jobs:
     from stalwart.orchestrator.jobs import is_jobs_address, parse_headers, read_secret
 
     if not is_jobs_address(address):
@@ -68,7 +70,7 @@ def connect(address: str, headers: tuple[str, ...], token_file: str | None, err:
         fail(str(e))
 
 
-def find(jobs: Jobs, job: str, err: Console) -> Job:
+def find(jobs: Jobs, job: str) -> Job:
     try:
         return jobs.find(job)
     except JobsError as e:
@@ -118,9 +120,8 @@ def submit(
     err = Console(stderr=True)
     spec = load_job(file, overrides, err)
     wd = Path(working_dir).resolve()
-    spec_dir = Path.cwd() if file == "-" else Path(file).resolve().parent
     try:
-        base_dir = str(spec_dir.relative_to(wd))
+        base_dir = str(Path(spec_dir(file)).relative_to(wd))
     except ValueError:
         base_dir = "."
         if ".py:" in spec.entrypoint and not spec.entrypoint.startswith("/"):
@@ -135,7 +136,7 @@ def submit(
             "command did not start: that needs `chaos.enabled: true` in the spec and "
             "--allow-remote",
         )
-    jobs = connect(address, headers, token_file, err)
+    jobs = connect(address, headers, token_file)
     text = yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
     try:
         job = jobs.submit(
@@ -172,16 +173,15 @@ def submit(
 def stop(job: str, address: str, headers: tuple[str, ...], token_file: str | None, no_wait: bool):
     """Stop JOB (its id or name): the supervisor aborts the workers and result.json is
     still written in the job's run directory."""
-    err = Console(stderr=True)
-    jobs = connect(address, headers, token_file, err)
-    found = find(jobs, job, err)
+    jobs = connect(address, headers, token_file)
+    found = find(jobs, job)
     try:
         asked = jobs.stop(found)
         if not asked:
             click.echo(f"{found.submission_id} had already ended ({found.status})")
             return
         deadline = time.monotonic() + 120
-        while not no_wait and jobs.find(found.submission_id).status not in TERMINAL:
+        while not no_wait and jobs.state(found) not in TERMINAL:
             if time.monotonic() > deadline:
                 fail(f"{found.submission_id} had not stopped 120 s after the stop", 1)
             time.sleep(1.0)  # polling the Jobs API, bounded by the deadline
@@ -201,7 +201,7 @@ def stop(job: str, address: str, headers: tuple[str, ...], token_file: str | Non
 def list_jobs(address: str, headers: tuple[str, ...], token_file: str | None, fmt: str) -> None:
     """stalwart's jobs on a Ray cluster, newest first, with their state."""
     err = Console(stderr=True)
-    jobs = connect(address, headers, token_file, err)
+    jobs = connect(address, headers, token_file)
     try:
         found = jobs.list()
     except JobsError as e:
@@ -254,11 +254,11 @@ def jobs_status(
 
     err = Console(stderr=True)
     console = make_console()
-    jobs = connect(address, headers, token_file, err)
-    found = find(jobs, job, err)
+    jobs = connect(address, headers, token_file)
+    found = find(jobs, job)
     try:
         while True:
-            found = jobs.find(found.submission_id)
+            found = jobs.get(found.submission_id)
             progress, result = jobs.status(found)
             if fmt == "json":
                 click.echo(
@@ -267,8 +267,8 @@ def jobs_status(
             elif result is not None:
                 print_summary(console, result)
             elif progress is not None:
-                width = console.width if console.is_terminal else 1000
-                console.print(status_line(found.name, progress, None, width), width=width)
+                # make_console: a terminal's width, or unwrapped into a pipe
+                console.print(status_line(found.name, progress, None, console.width))
             else:
                 click.echo(f"{found.submission_id}: {found.status} (no progress reported yet)")
             if not watch or found.status in TERMINAL:
@@ -297,14 +297,13 @@ def jobs_status(
 
 
 def exit_code(job: Job, result: dict[str, Any] | None) -> int:
+    """The driver's result decides; before there is one, Ray's state does."""
     status = (result or {}).get("status")
-    if status == "succeeded" or (
-        status is None and job.status in ("SUCCEEDED", "RUNNING", "PENDING")
-    ):
+    if status is not None:
+        return result_exit_code(status)
+    if job.status in ("SUCCEEDED", "RUNNING", "PENDING"):
         return 0
-    if status == "cancelled" or (status is None and job.status == "STOPPED"):
-        return EXIT_CANCELLED
-    return EXIT_FAILED
+    return EXIT_CANCELLED if job.status == "STOPPED" else EXIT_FAILED
 
 
 def jobs_logs(
@@ -317,9 +316,8 @@ def jobs_logs(
 ) -> None:
     from stalwart.orchestrator.jobs import user_lines
 
-    err = Console(stderr=True)
-    jobs = connect(address, headers, token_file, err)
-    found = find(jobs, job, err)
+    jobs = connect(address, headers, token_file)
+    found = find(jobs, job)
     try:
         lines = jobs.follow(found) if follow else jobs.logs(found).splitlines()
         for line in user_lines(lines, rank):
@@ -363,7 +361,7 @@ def remote_chaos_run(
             rel.append(str(Path(path).resolve().relative_to(wd)))
         except ValueError:
             fail(f"{path}: outside the directory uploaded to the cluster ({wd}): run from above it")
-    jobs = connect(address, headers, token_file, None)
+    jobs = connect(address, headers, token_file)
     submission_id = f"stalwart-chaos-{uuid.uuid4().hex[:8]}"
     run_dir = f"~/stalwart-runs/{submission_id}"
     args = ["stalwart", "chaos", "run", *rel, "--allow-remote", "--run-dir", run_dir, "-o", fmt]
@@ -381,7 +379,7 @@ def remote_chaos_run(
         )
         for line in user_lines(jobs.follow(job)):
             click.echo(line)
-        job = jobs.find(submission_id)
+        job = jobs.get(submission_id)
         if junit_path:
             with tempfile.TemporaryDirectory() as tmp:
                 jobs.fetch(job, Path(tmp))

@@ -180,9 +180,8 @@ class Jobs:
         try:
             r = requests.get(url, headers=self._headers, timeout=timeout_s)
         except requests.exceptions.Timeout:
-            raise JobsError(
-                f"cannot reach {self.address}: no answer within {timeout_s:g} s"
-            ) from None
+            why = f"no answer within {timeout_s:g} s"
+            raise JobsError(f"cannot reach the Ray dashboard at {self.address}: {why}") from None
         except requests.exceptions.RequestException as e:
             why = _root_cause(e)
             raise JobsError(f"cannot reach the Ray dashboard at {self.address}: {why}") from None
@@ -271,7 +270,7 @@ class Jobs:
                 )
         except (RuntimeError, ValueError, ConnectionError) as e:
             raise JobsError(f"{self.address}: the job was not accepted: {_first_line(e)}") from None
-        return self.find(submission_id)
+        return self.get(submission_id)
 
     # -- following ------------------------------------------------------------------------
 
@@ -295,6 +294,14 @@ class Jobs:
         running = [j for j in named if j.status not in TERMINAL]
         return (running or named)[0]
 
+    def get(self, submission_id: str) -> Job:
+        """The job of a known submission id, as it is now (one request, not a listing)."""
+        return Job.of(self._call(self._client.get_job_info, submission_id))
+
+    def state(self, job: Job) -> str:
+        """Ray's state of the job now: PENDING, RUNNING, STOPPED, SUCCEEDED, FAILED."""
+        return self._status(job.submission_id)
+
     def logs(self, job: Job) -> str:
         return self._call(self._client.get_job_logs, job.submission_id)
 
@@ -302,7 +309,7 @@ class Jobs:
         """The job's log lines as they are written, until it ends."""
         seen = 0
         while True:
-            done = self.find(job.submission_id).status in TERMINAL
+            done = self.state(job) in TERMINAL
             text = self.logs(job)
             # A line still being written waits for its newline (or for the end).
             end = len(text) if done else text.rfind("\n") + 1
