@@ -63,6 +63,9 @@ class TrainWorker:
         base_dir: str | None,
         supervisor: Any = None,
     ):
+        # When this process started and how long its set-up took (the cold-start breakdown:
+        # process start and imports before __init__, then the train loop's import, warm-up).
+        self.boot: dict[str, float] = {"process_started": _process_started(), "init": time.time()}
         self.job = job
         self.rank = rank
         self.world_size = world_size
@@ -87,6 +90,7 @@ class TrainWorker:
         # Before the loop's module is imported: it may bind init_process_group by name.
         torchrun.install()
         self.fn = load_entrypoint(spec["entrypoint"], base_dir)
+        self.boot["entrypoint_loaded"] = time.time()
         self.backend = JobSpec.model_validate(spec).resolved_backend(torch.cuda.is_available())
         self.device = torch.device("cuda", 0) if self.backend == "nccl" else torch.device("cpu")
         if self.device.type == "cuda":
@@ -111,6 +115,7 @@ class TrainWorker:
         )
         self._beat_thread.start()
         _warm_up()
+        self.boot["ready"] = time.time()
 
     # --- control API -------------------------------------------------------------------------
 
@@ -123,6 +128,7 @@ class TrainWorker:
             "backend": self.backend,
             "device": str(self.device),
             "gpu_index": self.gpu_index,
+            "boot": dict(self.boot),
         }
 
     def attach(self, agent: Any) -> None:
@@ -575,6 +581,18 @@ def _rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return 0
+
+
+def _process_started() -> float:
+    """This process's start (wall clock), before Python and torch were imported."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):  # no /proc: __init__'s start
+        return time.time()
 
 
 def _warm_up() -> None:
