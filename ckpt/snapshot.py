@@ -120,8 +120,18 @@ class Snapshot:
 
 
 def payload_checksum(payload: Any) -> int:
-    """adler32 of a payload's bytes (about 4 GB/s: 1 ms for 5 MB)."""
-    return zlib.adler32(memoryview(np.ascontiguousarray(_as_numpy(payload))).cast("B"))
+    """A 64-bit sum of a payload's 8-byte words (its tail bytes folded in), with its length.
+
+    It finds what it is for, a changed byte (damaged memory, a chaos corrupt_shard) or a
+    copy that stopped half-way: any change to one word changes the sum. It is not a hash
+    (two words changed by opposite amounts cancel), and it costs one pass at memory speed,
+    0.3 ms for 5 MB here where adler32 took 2.5 ms: it runs once per snapshot per rank.
+    """
+    raw = np.ascontiguousarray(_as_numpy(payload)).reshape(-1).view(np.uint8)
+    whole = len(raw) // 8 * 8
+    total = int(raw[:whole].view(np.uint64).sum(dtype=np.uint64)) if whole else 0
+    tail = zlib.adler32(memoryview(raw[whole:])) if whole < len(raw) else 0
+    return (total + (tail << 8) + len(raw)) & 0xFFFF_FFFF_FFFF_FFFF
 
 
 def _as_numpy(payload: Any):
@@ -140,38 +150,71 @@ class SnapshotBuffer:
         # creates its state on the first step), so the views are built once, not per step.
         self._metas: tuple[TensorMeta, ...] | None = None
         self._views: list[torch.Tensor] = []
-        self._checked: set[type] = set()  # kinds of skeleton values the allow-list passed
+        self._checker = Flattener()
 
     def capture(self, step: int, state: Any) -> Snapshot:
-        tensors: list[torch.Tensor] = []
-        leaves: set[type] = set()
-        skeleton = _split(state, tensors, leaves)
-        metas, total = _layout(tensors)
+        flat = self._checker.flatten(state)
+        total = flat.nbytes
         if self._buf is None or self._buf.numel() < total:
             self._buf = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=self._pin)
             self._metas = None
         buf = self._buf
-        if metas != self._metas:
-            self._views = [
-                buf[m.offset : m.offset + m.nbytes].view(t.dtype).view(t.shape)
-                for t, m in zip(tensors, metas, strict=True)
-            ]
-            self._metas = metas
-        pairs = [
-            (d, t.detach()) for d, t, m in zip(self._views, tensors, metas, strict=True) if m.nbytes
-        ]
-        if pairs:
-            dsts, srcs = zip(*pairs, strict=True)
-            torch._foreach_copy_(list(dsts), list(srcs), non_blocking=True)
-        if any(t.device.type == "cuda" for t in tensors):
+        if flat.metas != self._metas:
+            self._views = views_of(buf, flat.metas)
+            self._metas = flat.metas
+        copy_tensors(self._views, flat.tensors)
+        if any(t.device.type == "cuda" for t in flat.tensors):
             torch.cuda.synchronize()
+        return Snapshot(step, flat.skeleton, flat.metas, buf[:total])
+
+
+@dataclass
+class Flat:
+    """A state taken apart: its pickled skeleton, its tensors and where each goes."""
+
+    skeleton: bytes
+    metas: tuple[TensorMeta, ...]
+    tensors: list[torch.Tensor]
+    nbytes: int
+
+
+class Flattener:
+    """Takes states apart for their snapshots, checking their skeletons' values against the
+    allow-list whenever a kind of value first appears (docs/checkpoints.md, "What a
+    snapshot may hold"): an unsafe state is refused now, with the value's path, rather
+    than at the first restore."""
+
+    def __init__(self) -> None:
+        self._checked: set[type] = set()
+
+    def flatten(self, state: Any) -> Flat:
+        tensors: list[torch.Tensor] = []
+        leaves: set[type] = set()
+        skeleton = _split(state, tensors, leaves)
+        metas, total = _layout(tensors)
         pickled = skeleton_dumps(skeleton, state)
-        # Refused now, with the value's path, rather than at the first restore. Checked when
-        # a kind of value first appears (docs/checkpoints.md, "What a snapshot may hold").
         if not leaves <= self._checked:
             check(pickled, state, TensorRef)
             self._checked |= leaves - {RECHECK}
-        return Snapshot(step, pickled, metas, buf[:total])
+        return Flat(pickled, metas, tensors, total)
+
+
+def views_of(buf: torch.Tensor, metas: tuple[TensorMeta, ...]) -> list[torch.Tensor]:
+    """Views into the flat uint8 `buf`, one per tensor of the layout `metas` (built once per
+    layout, not per snapshot)."""
+    return [
+        buf[m.offset : m.offset + m.nbytes].view(getattr(torch, m.dtype)).view(m.shape)
+        for m in metas
+    ]
+
+
+def copy_tensors(views: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
+    """Copy each tensor into its view (one batched copy; GPU sources are copied without a
+    synchronize: the caller decides when to wait)."""
+    pairs = [(d, t.detach()) for d, t in zip(views, tensors, strict=True) if d.numel()]
+    if pairs:
+        dsts, srcs = zip(*pairs, strict=True)
+        torch._foreach_copy_(list(dsts), list(srcs), non_blocking=True)
 
 
 def restore(snapshot: Snapshot, device: torch.device | str = "cpu") -> Any:

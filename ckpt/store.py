@@ -15,7 +15,7 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -178,6 +178,7 @@ class _Slot:
     path: str
     nbytes: int
     array: np.ndarray  # the store's own mapping of the file
+    ring: Any = None  # (RingReader, slot index): a slot of a rank's snapshot ring
 
 
 class ShmFull(OSError):
@@ -286,8 +287,62 @@ class ShmShardStore:
             old = self._shards.pop((rank, step), None)
             self._shards[(rank, step)] = (snap, slot)
             if old is not None:
-                self._free[rank].append(old[1])
+                self._recycle(rank, old[1])
         return ShardInfo(rank, step, slot.nbytes)
+
+    def commit_ring(
+        self,
+        rank: int,
+        step: int,
+        skeleton: bytes,
+        metas: tuple,
+        ring: Any,
+        index: int,
+        checksum: int | None = None,
+    ) -> ShardInfo:
+        """Slot `index` of `rank`'s snapshot ring (ckpt/ring.py, a RingReader) holds its
+        shard of `step`: kept where it is, released to the ring when dropped."""
+        array = ring.ring.payload(index)
+        slot = _Slot(f"{ring.ring.path}#{index}", len(array), array, (ring, index))
+        snap = Snapshot(step, bytes(skeleton), tuple(metas), array, checksum)
+        with self._lock:
+            old = self._shards.pop((rank, step), None)
+            self._shards[(rank, step)] = (snap, slot)
+            if old is not None:
+                self._recycle(rank, old[1])
+        return ShardInfo(rank, step, slot.nbytes)
+
+    def move_out(self, rank: int, step: int) -> bool:
+        """Copy `rank`'s shard of `step` out of its ring slot into a slot file of the
+        store's own, giving the ring its slot back (the shard is kept longer than the
+        ring has room for). False: not in a ring slot, or no room for the copy."""
+        with self._lock:
+            entry = self._shards.get((rank, step))
+        if entry is None or entry[1].ring is None:
+            return False
+        snap, old = entry
+        try:
+            path = self.reserve(rank, old.nbytes)
+        except OSError:
+            return False
+        with self._lock:
+            _, slot = self._reserved.pop(path)
+            np.copyto(slot.array, old.array)
+            if self._shards.get((rank, step)) is not entry:  # dropped or replaced meanwhile
+                self._free[rank].append(slot)
+                return False
+            moved = Snapshot(snap.step, snap.skeleton, snap.metas, slot.array, snap.checksum)
+            self._shards[(rank, step)] = (moved, slot)
+            self._recycle(rank, old)
+        return True
+
+    def _recycle(self, rank: int, slot: _Slot) -> None:
+        """A dropped shard's slot: back to its ring, or to the rank's free slots (lock held)."""
+        if slot.ring is not None:
+            reader, index = slot.ring
+            reader.release(index)
+        else:
+            self._free[rank].append(slot)
 
     def put(self, rank: int, snapshot: Snapshot) -> ShardInfo:
         src = np.asarray(snapshot.payload, dtype=np.uint8).reshape(-1)
@@ -321,7 +376,7 @@ class ShmShardStore:
             gone = [k for k in self._shards if not keep(k)]
             for k in gone:
                 _, slot = self._shards.pop(k)
-                self._free[k[0]].append(slot)
+                self._recycle(k[0], slot)
             # Two spare slots per rank cover steady state; give the rest back to the OS.
             for free in self._free.values():
                 while len(free) > 2:
@@ -372,6 +427,8 @@ class ShmShardStore:
             for (rank, step), (snap, slot) in old.items():
                 if rank in ranks:
                     self._shards[(ranks[rank], step)] = (snap, slot)
+                elif slot.ring is not None:
+                    self._recycle(rank, slot)
                 else:
                     spare.append(slot)
             unlink = [slot.path for slot in spare]

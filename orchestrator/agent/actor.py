@@ -17,12 +17,14 @@ import time
 from typing import Any
 
 from stalwart.ckpt.durable import DurableStore, open_store
-from stalwart.ckpt.snapshot import Snapshot
+from stalwart.ckpt.ring import RingReader
+from stalwart.ckpt.snapshot import Snapshot, TensorMeta, payload_checksum
 from stalwart.ckpt.store import MemoryShardStore, ShardInfo, ShmShardStore
 from stalwart.health.gpu_probe import FakeGpuProbe, GpuProbe, make_probe
 from stalwart.health.xid import GpuReading
 from stalwart.orchestrator.agent.own_store import OwnStore
 from stalwart.orchestrator.agent.replication import Replicator
+from stalwart.orchestrator.agent.rings import RingHub
 from stalwart.orchestrator.chaos import actions as chaos_actions
 
 SHM_ROOT = "/dev/shm/stalwart"
@@ -55,6 +57,12 @@ class NodeAgent:
         self.shm_root = shm_root
         usable = root is not None and ShmShardStore.usable(os.path.dirname(root))
         self.store = OwnStore(ShmShardStore(root) if usable else None)
+        # The ranks' snapshot rings in that folder (ckpt/ring.py): each rank copies its
+        # snapshots into its ring and this agent finds them there, with no call per step.
+        self.rings = RingHub(root, self._ring_shard, self._ring_full) if self.store.shm else None
+        if self.rings is not None:
+            self.store.on_fall_back = self.rings.close_rank
+        self._local_trim: tuple[set[int], int, int | None] | None = None
         # Copies of the shards of this node's replica-group peers (ckpt/replicas.py), and
         # the thread that sends this node's shards to them.
         self.replicas = MemoryShardStore()
@@ -104,46 +112,49 @@ class NodeAgent:
         self._contact = time.monotonic()
         return self.node_id
 
-    def store_transport(self) -> str:
-        """'shm': write shards into reserve_slot()'s file; 'ray': send them to put_shard()."""
-        return self.store.transport
+    def open_ring(
+        self, rank: int, metas: tuple[TensorMeta, ...], payload_nbytes: int, skel_nbytes: int
+    ) -> tuple[str, str] | None:
+        """A snapshot ring for `rank`'s shards of this tensor layout: (its file, the node's
+        doorbell). None: this node's shared memory has no room (any more): send shards
+        to put_shard() instead."""
+        if self.rings is None or self.store.shm is None:
+            return None
+        try:
+            return self.rings.open(rank, tuple(metas), payload_nbytes, skel_nbytes)
+        except OSError as e:
+            self.store.fall_back(f"no room for rank {rank}'s snapshot ring: {e}")
+            return None
 
-    def reserve_slot(self, rank: int, nbytes: int) -> str | None:
-        """A slot file for `rank`'s next shard; None: the node's shared memory has no room
-        (any more), send shards to put_shard()."""
-        return self.store.reserve(rank, nbytes)
-
-    def release_slot(self, rank: int, path: str) -> None:
-        """A reserved slot the worker will not use (its state changed size)."""
-        self.store.release(rank, path)
-
-    def commit_slot(
-        self,
-        rank: int,
-        step: int,
-        skeleton: bytes,
-        metas: tuple | None,
-        path: str,
-        reserve_next: int | None = None,
-        checksum: int | None = None,
-        generation: int | None = None,
-    ) -> tuple[ShardInfo, str | None]:
-        """Commit `path` as `rank`'s shard of `step`. `metas=None`: the same tensor layout as
-        this rank's previous shard. With `reserve_next`, the reply also carries the next
-        slot of that size, saving the worker a call per snapshot. A hand-over of a
-        generation older than the newest rollback (`generation`) is refused: a shard of
-        an aborted generation counts toward no commit."""
-        if metas is None:
-            metas = self._layouts[rank]
-        self._layouts[rank] = metas
+    def _ring_shard(
+        self, reader: RingReader, slot: int, step: int, generation: int, skeleton: bytes
+    ) -> bool:
+        """A rank published `step` in its ring: keep it as its shard? A hand-over of a
+        generation older than the newest rollback is refused (a shard of an aborted
+        generation counts toward no commit), as is one lost with the node's memory."""
+        rank = reader.rank
         if step <= self._refuse_upto or self._stale(generation):
-            self.store.release(rank, path)
-            info = ShardInfo(rank, step, 0)
-        else:
-            info = self.store.commit(rank, step, skeleton, metas, path, checksum)
-            self._after_hand_over(rank, step)
-        following = self.store.reserve(rank, reserve_next) if reserve_next is not None else None
-        return info, following
+            return False
+        checksum = payload_checksum(reader.ring.payload(slot))  # damage after this is found
+        if not self.store.commit_ring(rank, step, skeleton, reader, slot, checksum):
+            return False
+        self._layouts[rank] = reader.ring.metas
+        self._after_hand_over(rank, step)
+        trim = self._local_trim
+        if trim is not None:
+            # Each rank's newest few and the supervisor's last `keep`: memory stays bounded
+            # between two prunes, and the ring keeps a slot free.
+            keep, newest, below = trim
+            self.store.trim(keep | self.replicator.pinned(), newest, below)
+        return True
+
+    def _ring_full(self, reader: RingReader) -> None:
+        """Every slot of a ring but one is kept: move the oldest shard not being sent to
+        peers out of the ring, so the rank's next snapshot finds a slot."""
+        pinned = self.replicator.pinned()
+        for step in reader.held_steps():
+            if step not in pinned and self.store.move_out(reader.rank, step):
+                return
 
     def _stale(self, generation: int | None) -> bool:
         return generation is not None and generation < self._fence
@@ -307,11 +318,15 @@ class NodeAgent:
         with self._lock:
             self._beats.pop(rank, None)
         self.store.release_rank(rank)
+        if self.rings is not None:
+            self.rings.close_rank(rank)  # its kept shards stay until dropped
 
     def close(self) -> None:
         """Free the node's shards (their shared-memory files) before the agent goes away."""
         self._stop.set()
         self.replicator.close()
+        if self.rings is not None:
+            self.rings.close()
         if self.probe is not None:
             self.probe.close()
         self.store.close()
@@ -323,6 +338,8 @@ class NodeAgent:
             self._beats.clear()
             self._layouts = {ranks[r]: m for r, m in self._layouts.items() if r in ranks}
         ranks = {int(k): v for k, v in ranks.items()}
+        if self.rings is not None:
+            self.rings.close_rank(None)  # the workers open rings under their new ranks
         self.replicas.rekey(ranks)
         return self.store.rekey(ranks)
 
@@ -353,11 +370,15 @@ class NodeAgent:
                 self._prune_seq = seq
             if fence is not None:
                 self._fence = max(self._fence, fence)
+            if above is not None:
+                self._local_trim = None  # a rollback: until the next commit's prune
             dropped = 0
             for store in (self.store, self.replicas):
                 if above is not None:
                     dropped += store.drop_above(above)
                 if keep is not None:
+                    if store is self.store:
+                        self._local_trim = (set(keep), newest, below)
                     kept = set(keep) | self.replicator.pinned()
                     if store is self.replicas and fresh_above is not None:
                         kept |= {s for v in store.stored().values() for s in v if s > fresh_above}

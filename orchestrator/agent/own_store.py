@@ -13,6 +13,7 @@ bytes needed and free, in a note the agent's next report carries.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from stalwart.ckpt.snapshot import Snapshot
@@ -25,6 +26,8 @@ class OwnStore:
         self.shm = shm  # None once fallen back (or never usable)
         self.memory = MemoryShardStore() if shm is None else None
         self.notes: list[dict[str, Any]] = []  # for the agent's next report
+        # Called before the shards move out of shared memory (the agent closes its rings).
+        self.on_fall_back: Callable[[], None] | None = None
 
     @property
     def transport(self) -> str:
@@ -35,8 +38,10 @@ class OwnStore:
     def current(self) -> ShmShardStore | MemoryShardStore:
         return self.shm if self.shm is not None else self.memory
 
-    def _fall_back(self, why: str) -> None:
+    def fall_back(self, why: str) -> None:
         """Move every shard into memory; from now on shards come through Ray."""
+        if self.shm is not None and self.on_fall_back is not None:
+            self.on_fall_back()
         with self._lock:
             shm = self.shm
             if shm is None:
@@ -66,7 +71,7 @@ class OwnStore:
         try:
             return shm.reserve(rank, nbytes)
         except OSError as e:  # ShmFull, or the directory went with a fall-back meanwhile
-            self._fall_back(str(e))
+            self.fall_back(str(e))
             return None
 
     def release(self, rank: int, path: str) -> None:
@@ -97,8 +102,24 @@ class OwnStore:
             try:
                 return shm.put(rank, snapshot)
             except OSError as e:  # ShmFull, or the directory went with a fall-back
-                self._fall_back(str(e))
+                self.fall_back(str(e))
         return self.memory.put(rank, snapshot)
+
+    def commit_ring(
+        self, rank: int, step: int, skeleton: bytes, reader: Any, slot: int, checksum: int
+    ) -> bool:
+        """`rank`'s shard of `step` is in slot `slot` of its ring (ckpt/ring.py); False:
+        the shards have moved out of shared memory meanwhile (the ring is closed)."""
+        with self._lock:
+            shm = self.shm
+            if shm is None:
+                return False
+            shm.commit_ring(rank, step, skeleton, reader.ring.metas, reader, slot, checksum)
+        return True
+
+    def move_out(self, rank: int, step: int) -> bool:
+        shm = self.shm
+        return shm is not None and shm.move_out(rank, step)
 
     def take_notes(self) -> list[dict[str, Any]]:
         notes, self.notes = self.notes, []

@@ -22,8 +22,10 @@ import ray
 import torch
 import torch.distributed as dist
 
+from stalwart.ckpt.device_copy import AsyncCapture
 from stalwart.ckpt.durable import open_store
 from stalwart.ckpt.pipeline import SnapshotPipeline
+from stalwart.ckpt.ring_pipeline import RingPipeline
 from stalwart.ckpt.snapshot import Snapshot, payload_checksum
 from stalwart.health.classify import classify_exception
 from stalwart.health.observations import FailureKind
@@ -101,11 +103,17 @@ class TrainWorker:
         self.gpu_index: int | None = int(gpu_ids[0]) if gpu_ids else None
         self.group = ElasticGroup()
         self._preflight_groups: list[Any] = []
-        self._transport: str | None = None
-        self._maps: dict[str, np.ndarray] = {}  # slot file -> this process's mapping
-        self._next_slot: tuple[str, int] | None = None  # reserved ahead: (path, nbytes)
-        self._sent_metas: tuple | None = None  # the layout the agent already has
-        self.pipeline = SnapshotPipeline(self._send, pin_memory=self.device.type == "cuda")
+        # Snapshots go straight into this node's shared memory (ckpt/ring_pipeline.py),
+        # through Ray where it has none.
+        self.pipeline = RingPipeline(
+            self._open_ring,
+            self._through_ray,
+            generation=lambda: self.generation,
+            torn=self._torn,
+            die=self._on_fault,
+            # On a GPU the copy to the host runs on a side stream, overlapping the next step.
+            device=AsyncCapture() if self.device.type == "cuda" else None,
+        )
         self.ctx: TrainContext | None = None
         self._timings: dict[str, float] = {}
         self._stop = threading.Event()
@@ -339,59 +347,26 @@ class TrainWorker:
             **extra,
         }
 
+    def _open_ring(self, metas: tuple, payload_nbytes: int, skel_nbytes: int):
+        """A snapshot ring in this node's shared memory (None: there is no room)."""
+        return ray.get(self.agent.open_ring.remote(self.rank, metas, payload_nbytes, skel_nbytes))
+
+    def _torn(self, step: int) -> dict[str, Any] | None:
+        return self.ctx.snapshot_fault(step) if self.ctx is not None else None
+
+    def _through_ray(self) -> SnapshotPipeline:
+        """The fall-back: snapshots copied into a buffer and sent to the agent through Ray
+        by a background thread (no usable shared memory on this node)."""
+        return SnapshotPipeline(self._send, pin_memory=self.device.type == "cuda")
+
     def _send(self, snap: Snapshot) -> None:
         payload = snap.payload.numpy() if isinstance(snap.payload, torch.Tensor) else snap.payload
-        if self._transport is None:
-            self._transport = ray.get(self.agent.store_transport.remote())
         # Taken here, on the hand-over thread, not the training thread.
         checksum = payload_checksum(payload)
-        torn = self.ctx.snapshot_fault(snap.step) if self.ctx is not None else None
-        if self._transport == "ray":
-            if torn is not None:
-                self._on_fault(torn)  # dies before the shard reaches the agent
-            self._put_through_ray(snap, payload, checksum)
-            return
-        # Shared memory: one copy into a slot file the agent reserved (usually in the reply
-        # to the previous commit), then one small commit call.
-        path, self._next_slot = self._next_slot, None
-        if path is None or path[0] is None or path[1] != payload.nbytes:
-            if path is not None and path[0] is not None:
-                self.agent.release_slot.remote(self.rank, path[0])
-            path = (
-                ray.get(self.agent.reserve_slot.remote(self.rank, payload.nbytes)),
-                payload.nbytes,
-            )
-        path = path[0]
-        if path is None:
-            # The node's shared memory is full: through Ray from now on (the agent said why).
-            self._transport = "ray"
-            self._put_through_ray(snap, payload, checksum)
-            return
-        mapped = self._maps.pop(path, None)
-        if mapped is None:
-            mapped = np.memmap(path, dtype=np.uint8, mode="r+", shape=(max(payload.nbytes, 1),))
-        self._maps[path] = mapped  # most recently used last
-        while len(self._maps) > 8:
-            self._maps.pop(next(iter(self._maps)))
-        if torn is not None:  # chaos during: snapshot, half of it copied (a torn write)
-            np.copyto(mapped[: payload.nbytes // 2], payload[: payload.nbytes // 2])
-            self._on_fault(torn)
-        np.copyto(mapped[: payload.nbytes], payload)
-        metas = None if snap.metas == self._sent_metas else snap.metas
-        _, following = ray.get(
-            self.agent.commit_slot.remote(
-                self.rank,
-                snap.step,
-                snap.skeleton,
-                metas,
-                path,
-                reserve_next=payload.nbytes,
-                checksum=checksum,
-                generation=self.generation,
-            )
-        )
-        self._sent_metas = snap.metas
-        self._next_slot = (following, payload.nbytes)
+        torn = self._torn(snap.step)
+        if torn is not None:
+            self._on_fault(torn)  # dies before the shard reaches the agent
+        self._put_through_ray(snap, payload, checksum)
 
     def _put_through_ray(self, snap: Snapshot, payload: np.ndarray, checksum: int) -> None:
         shard = Snapshot(snap.step, snap.skeleton, snap.metas, payload, checksum)
@@ -492,9 +467,7 @@ class TrainWorker:
         return done
 
     def _forget_slots(self) -> None:
-        self._next_slot = None
-        self._sent_metas = None
-        self._maps.clear()
+        self.pipeline.forget()
 
     def stacks(self) -> dict[str, Any]:
         """Every thread's Python stack, for a hang report (served by another actor thread)."""

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from stalwart.ckpt.pipeline import SnapshotPipeline
+from stalwart.ckpt.ring_pipeline import RingPipeline
 from stalwart.ckpt.sharded import rank_local_view
 from stalwart.ckpt.skeleton import UnsafeState, format_path
 from stalwart.ckpt.snapshot import Snapshot, nested_digest, restore, state_digest
@@ -159,7 +160,7 @@ class TrainContext:
         seed: int,
         config: dict[str, Any],
         group: ElasticGroup,
-        pipeline: SnapshotPipeline,
+        pipeline: SnapshotPipeline | RingPipeline,
         on_fault: Callable[[dict[str, Any]], None],
         on_step: Callable[[], None] = lambda: None,
         distributed: bool | None = None,
@@ -185,6 +186,7 @@ class TrainContext:
         self._on_fault = on_fault
         self._on_step = on_step
         self._objects: dict[str, Any] = {}
+        self._unguard: dict[str, Callable[[], None]] = {}  # name -> removes its GPU guard
         self._ddp: dict[int, torch.nn.Module] = {}
         self._restore_step: int | None = None
         self._faults: list[dict[str, Any]] = []
@@ -265,6 +267,12 @@ class TrainContext:
         only, and restored only into the same rank of the same world (ckpt/sharded.py)."""
         for name, obj in objects.items():
             self._objects[name] = rank_local_view(stateful(name, obj))
+            if name in self._unguard:  # registered again (a recovery re-runs the loop)
+                self._unguard.pop(name)()
+            guard = getattr(self._pipeline, "guard", None)
+            if guard is not None and isinstance(obj, torch.optim.Optimizer):
+                # On a GPU its next step waits (on the device) for the snapshot's copy.
+                self._unguard[name] = guard(obj)
 
     @property
     def output_dir(self) -> str:

@@ -1,0 +1,119 @@
+"""The node agent's side of its ranks' snapshot rings (ckpt/ring.py).
+
+The agent creates one ring per rank and tensor layout in its shared-memory store's folder
+and a doorbell FIFO beside them. One thread sleeps on the doorbell (50 ms at most: a
+byte lost to a full pipe is found by the next look anyway), reads the rings' sequence
+numbers and hands each published slot to the agent (`on_shard`), which keeps it as the
+rank's shard or passes it over. When a rank's ring has no free slot left because the
+agent keeps them all (commits lag, a copy to a peer is slow), the oldest is moved out of
+the ring into a slot file of the store's own (`on_full`), so the rank's next snapshot
+never waits on the agent's retention.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from stalwart.ckpt.ring import BELL, RingFile, RingReader, drain_bell, make_bell
+from stalwart.ckpt.snapshot import TensorMeta
+
+# Per ring: a node keeps each rank's newest three shards (the next commit is made of
+# them), the commit before them, and one slot is being written.
+SLOTS = 5
+POLL_S = 0.05
+
+
+class RingHub:
+    def __init__(
+        self,
+        root: str | Path,
+        on_shard: Callable[[RingReader, int, int, int, bytes], bool],
+        on_full: Callable[[RingReader], None],
+        slots: int = SLOTS,
+    ):
+        """`on_shard(reader, slot, step, generation, skeleton)` -> keep it?"""
+        self.root = Path(root)
+        self._on_shard = on_shard
+        self._on_full = on_full
+        self._slots = slots
+        self._lock = threading.Lock()
+        self._poll_lock = threading.Lock()  # one look at a slot at a time
+        self._readers: dict[str, RingReader] = {}
+        self._count = 0
+        self.bell = str(self.root / BELL)
+        self._bell_fd = make_bell(self.bell)
+        self._stop = threading.Event()
+        self.polls = 0
+        self._thread = threading.Thread(target=self._loop, name="stalwart-rings", daemon=True)
+        self._thread.start()
+
+    def open(
+        self, rank: int, metas: tuple[TensorMeta, ...], payload_nbytes: int, skel_nbytes: int
+    ) -> tuple[str, str]:
+        """A new ring for `rank`'s snapshots of this layout: (its path, the doorbell's).
+        The rank's earlier rings close (their kept slots stay until dropped). Raises
+        OSError (ENOSPC) when the file system has no room for it."""
+        with self._lock:
+            self._count += 1
+            path = self.root / f"ring-r{rank}-{self._count}"
+        # Room for the skeleton to grow (RNG states, counters): a ring is made per layout.
+        ring = RingFile.create(path, self._slots, metas, payload_nbytes, 2 * skel_nbytes + 4096)
+        self.close_rank(rank)
+        with self._lock:
+            self._readers[str(path)] = RingReader(ring, rank)
+        return str(path), self.bell
+
+    def close_rank(self, rank: int | None = None) -> None:
+        """Close `rank`'s rings (None: every ring): their writers must open new ones. A
+        closed ring's file is unlinked at once; its memory goes with the last mapping."""
+        with self._poll_lock:
+            with self._lock:
+                doomed = [p for p, r in self._readers.items() if rank is None or r.rank == rank]
+                readers = [self._readers.pop(p) for p in doomed]
+            for reader in readers:
+                reader.ring.close_for_writers()
+                self._take(reader)  # what was published before it closed still counts
+        for reader in readers:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(reader.ring.path)
+
+    def poll(self) -> int:
+        """Deal with every published slot; returns how many."""
+        with self._poll_lock:
+            with self._lock:
+                readers = list(self._readers.values())
+            n = sum(self._take(reader) for reader in readers)
+            self.polls += 1
+        return n
+
+    def _take(self, reader: RingReader) -> int:
+        n = 0
+        for slot, step, generation, skeleton in reader.published():
+            keep = step >= 0 and self._on_shard(reader, slot, step, generation, skeleton)
+            reader.settle(slot, step if keep else None)
+            n += 1
+        if not reader.ring.closed and len(reader.held()) >= reader.ring.slots - 1:
+            self._on_full(reader)
+        return n
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(OSError, ValueError):
+                ready, _, _ = select.select([self._bell_fd], [], [], POLL_S)
+                if ready:
+                    drain_bell(self._bell_fd)
+            if self._stop.is_set():
+                return
+            self.poll()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.close_rank(None)
+        self._thread.join(timeout=2 * POLL_S + 1)
+        with contextlib.suppress(OSError):
+            os.close(self._bell_fd)
