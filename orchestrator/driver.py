@@ -161,12 +161,13 @@ def run_job(
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from stalwart.orchestrator.supervisor.actor import JobSupervisor
-
+    marks = {"started": time.time()}  # the cold start's (supervisor/startup.py)
     check_chaos_allowed(spec, opts)
     out = Path(opts.output)
-    # Connected first: an address that does not answer leaves no empty run directory.
+    from stalwart.orchestrator.supervisor.actor import JobSupervisor as job_supervisor
+
     where = connect(opts.address, spec, opts.num_cpus, opts.connect_timeout_s)
+    marks["ray_ready"] = time.time()
     logs: RunLogs | None = None
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -196,8 +197,9 @@ def run_job(
         owned = where == "embedded" or opts.owns_cluster
 
         def start(adopt: dict[str, Any] | None) -> Any:
+            marks.setdefault("supervisor_requested", time.time())
             return (
-                ray.remote(JobSupervisor)
+                ray.remote(job_supervisor)
                 .options(
                     num_cpus=0,
                     max_concurrency=8,
@@ -215,6 +217,7 @@ def run_job(
                     store_key,
                     adopt,
                     owned_cluster=owned,
+                    driver_marks=marks,
                 )
             )
 
@@ -410,6 +413,7 @@ def _force_stop(follower: _Follower, spec: JobSpec, store_key: str, why: str) ->
         "persist": None,
         "resumed_from": None,
         "supervisor_restarts": 0,
+        "startup": follower.account()["startup"],
         "error": {"message": reason},
     }
 
@@ -440,6 +444,7 @@ class _Follower:
         self.started = time.time()
         self._closed: list[dict[str, Any]] = []  # failure_closed records, every supervisor's
         self._recoveries = 0
+        self._startup: dict[str, Any] | None = None  # the `startup` event's breakdown
 
     def account(self) -> dict[str, Any]:
         """What a successor supervisor carries on: the failures recovered so far and the
@@ -448,6 +453,7 @@ class _Follower:
             "failures": list(self._closed),
             "recoveries": self._recoveries,
             "started_at": self.started,  # the job's wall time spans every supervisor
+            "startup": self._startup,
         }
 
     def note(self, kind: str, **fields: Any) -> None:
@@ -496,6 +502,10 @@ class _Follower:
                     self._closed.append(event["record"])
                 elif event["type"] == "recovered":
                     self._recoveries += 1
+                elif event["type"] == "startup":
+                    self._startup = {
+                        k: v for k, v in event.items() if k not in ("ts", "type", "seq")
+                    }
                 if event["type"] == "stacks" and self.out is not None:
                     event = self._write_stacks(event)
                 self.events_file.write(json.dumps(event) + "\n")

@@ -134,6 +134,8 @@ def _event_line(e: dict[str, Any]) -> Text | None:
             f"{where} ({phases})",
             style="green",
         )
+    if t == "startup" and startup_text(e):
+        return Text(f"{ts} started: {startup_text(e)}", style="cyan")
     if t == "exactness_warning":
         return Text(f"{ts} warning: {e['reason']}", style="yellow")
     if t == "metrics_exporter":
@@ -170,6 +172,21 @@ def _event_line(e: dict[str, Any]) -> Text | None:
     if t in ("fault_refused", "restart_from_scratch", "preflight_kept", "replication_behind"):
         return Text(f"{ts} {t.replace('_', ' ')}: {e['reason']}", style="magenta")
     return None
+
+
+def startup_text(startup: dict[str, Any] | None, most: int = 6) -> str | None:
+    """One line of the cold start (result.json's `startup`): the time to the first step and
+    its longest phases, longest first."""
+    if not startup or startup.get("first_step_after_s") is None:
+        return None
+    longest = sorted(startup["phases_s"].items(), key=lambda kv: kv[1], reverse=True)
+    shown = [f"{k} {v:.1f}" for k, v in longest[:most] if v >= 0.05]
+    return (
+        f"first step after {startup['first_step_after_s']:.1f} s ("
+        + ", ".join(shown)
+        + (", ..." if len(longest) > len(shown) else "")
+        + ")"
+    )
 
 
 def print_summary(console: Console, result: dict[str, Any]) -> None:
@@ -212,6 +229,8 @@ def print_summary(console: Console, result: dict[str, Any]) -> None:
         )
     if result.get("resizes"):
         t.add_row("resizes", ", ".join(f"{r['from']}->{r['to']}" for r in result["resizes"]))
+    if startup_text(result.get("startup")):
+        t.add_row("start-up", startup_text(result["startup"]))
     if result.get("model_digest"):
         t.add_row("model digest", result["model_digest"][:16] + "…")
     ck = result.get("checkpoint")

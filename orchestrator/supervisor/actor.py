@@ -59,10 +59,12 @@ class JobSupervisor:
         store_key: str | None = None,
         adopt: dict[str, Any] | None = None,
         owned_cluster: bool = False,
+        driver_marks: dict[str, float] | None = None,
     ):
         """`adopt`: this supervisor replaces one that died ({"restarts": n}); it takes the
         job back from the node agents of `store_key`, which outlived it. `owned_cluster`:
-        the command started this cluster (a chaos kill_node may kill whole raylets)."""
+        the command started this cluster (a chaos kill_node may kill whole raylets).
+        `driver_marks`: when the driver started, had Ray, asked for this actor."""
         self.spec = JobSpec.model_validate(spec)
         self.resume = resume  # "auto", "never" or a step number (whole-job resume)
         self.adopt = adopt
@@ -87,11 +89,12 @@ class JobSupervisor:
         self.owned_cluster = owned_cluster
         self.faults = FaultBook(spec_.chaos.faults, "raylet" if owned_cluster else "job")
         self.pool = WorkerPool(spec_, self.store_key, base_dir, emit)
+        self.pool.clock.driver = dict(driver_marks or {})
         self.gen = Generation(spec_, self.pool, emit)
         self.preflight = Preflight(spec_, self.pool, self.faults, emit)
         self.ckpt = Checkpoints(spec_, self.pool, emit, incarnation=self.supervisor_restarts)
         self.detect = Detection(spec_, self.pool, self.ckpt, self.metrics, emit, self._lock)
-        self.ledger = Ledger(self.metrics, self.faults, emit)
+        self.ledger = Ledger(self.metrics, self.faults, emit, self.pool.clock)
         self.elastic = Elastic(
             spec_, self.pool, self.preflight, self.detect, self.ckpt, self.ledger, emit
         )
@@ -124,13 +127,7 @@ class JobSupervisor:
                 self._adopt()
             self.pool.schedule()
             self.preflight.check_and_move(list(range(self.pool.world)), initial=True)
-            info = self.pool.worker_info
-            self.events.emit(
-                "scheduled",
-                supervisor_node=self.home_node,
-                nodes=sorted({i["node_id"] for i in info.values()}),
-                workers={r: info[r] for r in self.pool.workers},
-            )
+            self.pool.scheduled(self.home_node)
             memory = self._adopted_restore_point() if self.adopt else None
             # Generations count on from a dead supervisor's (agents fence older ones).
             self.gen.number = max(self.gen.number, self.ckpt.fence)

@@ -94,6 +94,7 @@ class Checkpoints:
         committed = self.commit.observe(self.plan.replicated(own, live))
         if committed != before and committed is not None:
             self.safe = committed
+            self.pool.clock.committed()
         for rank in [r for r in self.borrowed if committed in merged.get(r, ())]:
             del self.borrowed[rank]  # a grown rank's own shard is committed now
         self.plan.replicate(own, committed, self.replication)

@@ -136,6 +136,7 @@ class Generation:
             world_size=pool.world,
             rendezvous_port=rendezvous.get("port"),
         )
+        pool.clock.launched(gen)  # the first generation's ends the cold start's launch
 
     def ready(self, timeout_s: float) -> list[Any]:
         """The run() calls that have returned, waiting up to `timeout_s` for the first."""

@@ -19,6 +19,7 @@ from stalwart.orchestrator.chaos.faults import FaultBook, describe
 from stalwart.orchestrator.observe.metrics import JobMetrics
 from stalwart.orchestrator.state import JobState
 from stalwart.orchestrator.supervisor.monitor import HealthMonitor
+from stalwart.orchestrator.supervisor.startup import StartupClock
 
 PROCESS_FAULTS = ("kill_worker", "hang")  # chaos faults that hit one process, not its node
 THROUGHPUT_EVENT_S = 1.0  # how often a throughput event is written
@@ -26,8 +27,15 @@ RANK_TIMES_MAX = 64  # ranks whose step times a throughput event carries, at mos
 
 
 class Ledger:
-    def __init__(self, metrics: JobMetrics, faults: FaultBook, emit: Callable[..., None]):
+    def __init__(
+        self,
+        metrics: JobMetrics,
+        faults: FaultBook,
+        emit: Callable[..., None],
+        clock: StartupClock | None = None,
+    ):
         self.metrics = metrics
+        self.clock = clock or StartupClock()  # the cold start (supervisor/startup.py)
         self.faults = faults
         self._emit = emit
         self.failures: list[dict[str, Any]] = []
@@ -144,7 +152,9 @@ class Ledger:
         restored_remotely: dict[int, str],
     ) -> None:
         """Once all `ranks` of `generation` (their heartbeats: `beats`) took a step, the open
-        recovery is over: its phases and times go to its failures and a `recovered` event."""
+        recovery is over: its phases and times go to its failures and a `recovered` event
+        (the first generation's: the cold start's, a `startup` event)."""
+        self.close_startup(generation, [b.get("timings", {}) for b in beats], ranks)
         rec = self.open_recovery
         if rec is None or rec["generation"] != generation or len(beats) < ranks:
             return
@@ -194,11 +204,19 @@ class Ledger:
         )
         self.open_recovery = None
 
+    def close_startup(self, generation: int, timings: list[Mapping[str, Any]], ranks: int) -> None:
+        """The cold start ends at the first generation's first step on every rank."""
+        startup = self.clock.close(generation, timings, ranks)
+        if startup is not None:
+            self._emit("startup", **startup)
+
     def carry(self, adopt: Mapping[str, Any]) -> None:
         """What a supervisor that died had recorded: the failures it closed
-        (failure_closed) and when the job started."""
+        (failure_closed), when the job started and how its cold start went."""
         self.failures = [*adopt.get("failures", []), *self.failures]
         self.started_at = adopt.get("started_at", self.started_at)
+        if adopt.get("startup"):
+            self.clock.closed = dict(adopt["startup"])
 
     def resized(self, old: int, new: int, reason: str, **extra: Any) -> None:
         entry = {"at": time.time(), "from": old, "to": new, "reason": reason}
@@ -276,6 +294,8 @@ class Ledger:
         samples = sum(o.get("samples", 0.0) for o in outs)
         succeeded = state is JobState.SUCCEEDED and run_s > 0
         p = parts
+        # A job too short for a poll to see every rank's first step: their outcomes' timings.
+        self.close_startup(p["generations"], [o.get("timings", {}) for o in outs], p["workers"])
         return {
             "name": p["name"],
             "metrics_url": p["metrics_url"],
@@ -318,6 +338,8 @@ class Ledger:
             "persist": p["persist"],
             "resumed_from": p["resumed_from"],
             "supervisor_restarts": p["supervisor_restarts"],
+            # From the driver's start to the first step, by phase (supervisor/startup.py).
+            "startup": self.clock.summary(),
             "error": self.error,
         }
 

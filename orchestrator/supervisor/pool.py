@@ -30,6 +30,7 @@ from stalwart.orchestrator.supervisor.resources import (
     worker_bundle,
 )
 from stalwart.orchestrator.supervisor.slots import Slots, SlotsUnavailable
+from stalwart.orchestrator.supervisor.startup import StartupClock
 from stalwart.orchestrator.worker.actor import TrainWorker
 
 AGENT_PREFIX = "stalwart-agent-"
@@ -78,6 +79,7 @@ class WorkerPool:
         self.cordons = CordonList(spec.health.cordon_ttl_s)
         self.cordon_log: list[dict[str, Any]] = []
         self.supervisor: Any = None  # the supervisor's handle, for workers to report faults to
+        self.clock = StartupClock()  # the cold start's marks (supervisor/startup.py)
 
     # --- nodes ------------------------------------------------------------------------------
 
@@ -214,6 +216,7 @@ class WorkerPool:
         """Hold the room for every rank and spare (all or nothing), start the workers and
         the spares, and wait until they are ready."""
         spec = self.spec
+        self.clock.mark("supervisor_init")
         check_capacity(spec, ray.nodes())
         bundle = worker_bundle(spec)
         n_bundles = self.world + spec.failure.spares
@@ -224,14 +227,17 @@ class WorkerPool:
                 f"{e}: {self.world} workers and {spec.failure.spares} spares "
                 f"within failure.scheduling_timeout_s={spec.failure.scheduling_timeout_s}"
             ) from None
+        self.clock.mark("slots")
+        created = time.time()
         for node in sorted(self.slots.nodes()):
-            self.ensure_agent(node)
+            self._time_span("agents", self.ensure_agent(node).ping.remote(), created)
         for rank in range(self.world):
             self.bundle_of[rank] = rank
             self.workers[rank] = self.create_worker(rank, rank)
         for bundle_index in range(self.world, n_bundles):
             self.start_spare(bundle_index)
         self.await_ready(list(range(self.world)), spec.failure.scheduling_timeout_s)
+        self.clock.workers_ready({r: self.worker_info[r].get("boot", {}) for r in self.workers})
         if self.spares_starting:
             # Start with the spares ready, so an early failure finds one.
             ray.wait(
@@ -240,6 +246,21 @@ class WorkerPool:
                 timeout=spec.failure.scheduling_timeout_s,
             )
             self.check_spares()
+            self.clock.mark("spares")
+
+    def scheduled(self, supervisor_node: str) -> None:
+        """The `scheduled` event: where the supervisor and every rank are."""
+        info = self.worker_info
+        self._emit(
+            "scheduled",
+            supervisor_node=supervisor_node,
+            nodes=sorted({i["node_id"] for i in info.values()}),
+            workers={r: info[r] for r in self.workers},
+        )
+
+    def _time_span(self, name: str, ref: Any, start: float) -> None:
+        """The cold start's span `name`: from `start` until `ref` is done (or failed)."""
+        ref.future().add_done_callback(lambda _: self.clock.span(name, start))
 
     def create_worker(self, rank: int | None, bundle_index: int | None) -> Any:
         spec = self.spec
@@ -382,6 +403,7 @@ class WorkerPool:
                 self._emit("spare_failed", bundle=bundle_index, message=actor_error_text(e))
                 continue
             self.spares.append((actor, bundle_index, info["node_id"]))
+            self.clock.spare_ready(bundle_index, info.get("boot", {}))
             self._emit(
                 "spare_ready", bundle=bundle_index, node=info["node_id"], spares=len(self.spares)
             )

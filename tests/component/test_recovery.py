@@ -69,6 +69,12 @@ def test_warm_spare_takes_the_lost_rank(run, baseline):
     # The used spare's place is refilled with a new spare in the lost rank's bundle.
     ready = [e for e in result["events"] if e["type"] == "spare_ready"]
     assert [e["bundle"] for e in ready][:1] == [4]
+    # The cold start's phases (supervisor/startup.py) sum to its time to the first step.
+    startup = result["startup"]
+    assert startup["first_step_after_s"] > 0
+    assert sum(startup["phases_s"].values()) == pytest.approx(
+        startup["first_step_after_s"], abs=0.05
+    )
 
 
 def test_survivor_stuck_outside_collectives_is_replaced(run, baseline):
