@@ -12,6 +12,7 @@ step computes for about a second, one torch thread per rank.
 Step time (median of rank 0's step cycles, loop body start to the next one's, after the
 first three) for:
   none        no checkpoint after the start (checkpoint.every_steps > steps)
+  every=10    stalwart's in-memory snapshot every 10 steps, own node only
   replicas=1  stalwart's in-memory snapshot every step, own node only
   replicas=2  ... and a copy on a peer node        (the goal: <= 5 % over none at 250 MB)
   replicas=3  ... and copies on two peers (needs 3 nodes: --workers 3)
@@ -22,7 +23,10 @@ Restore time (the `restore` phase of the recovery, from the job's event log):
   durable     kill_node + drop_replicas of every peer: the shards come from
               checkpoint.persist.uri (a local directory; the page cache is dropped first
               when this process may, and the result says whether it could)
-Ratios are of figures measured in the same run. Sizes whose state would not fit this
+Each step-time run also gives its node agents' CPU (the ray::NodeAgent processes' user +
+system time over the run, in cores: what checkpointing takes from the machine besides the
+training threads). --modes and --restores pick a subset. Ratios are of figures measured in
+the same run. Sizes whose state would not fit this
 machine's memory with the replicas asked for are skipped with the reason.
 """
 
@@ -147,6 +151,51 @@ class _MemoryPeak:
         self._thread.join()
 
 
+class _AgentCpu:
+    """The CPU the job's node agents use while a run lasts: each ray::NodeAgent process's
+    utime + stime, from its first sample to its last (they exit with the job)."""
+
+    def __init__(self) -> None:
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.started = time.monotonic()
+        self.seconds = 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        while True:
+            for proc in Path("/proc").iterdir():
+                if not proc.name.isdigit():
+                    continue
+                try:
+                    if not (proc / "cmdline").read_bytes().startswith(b"ray::NodeAgent"):
+                        continue
+                    fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                cpu = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+                self.first.setdefault(int(proc.name), cpu)
+                self.last[int(proc.name)] = cpu
+            if self._done.wait(0.5):
+                return
+
+    def __enter__(self) -> _AgentCpu:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        self.seconds = time.monotonic() - self.started
+
+    def cores(self) -> float:
+        """The agents' CPU seconds per second of the run (all agents together)."""
+        used = sum(self.last[p] - self.first[p] for p in self.last)
+        return used / self.seconds if self.seconds else 0.0
+
+
 def _meminfo() -> dict[str, int]:
     """/proc/meminfo in kB."""
     out = {}
@@ -161,12 +210,13 @@ def _run(address: str, spec: dict, out: Path) -> dict:
     from stalwart.orchestrator.driver import RunOptions, run_job
     from stalwart.orchestrator.spec import validate
 
-    with _MemoryPeak() as mem:
+    with _MemoryPeak() as mem, _AgentCpu() as agents:
         result = run_job(
             validate(spec),
             RunOptions(address=address, output=out, base_dir=str(REPO), owns_cluster=True),
         )
     result["peak_mem_gb"] = round(mem.peak_gb, 2)
+    result["agent_cores"] = round(agents.cores(), 3)
     result["events"] = [
         json.loads(x) for x in (out / "events.jsonl").read_text().splitlines() if x.strip()
     ]
@@ -229,15 +279,19 @@ def measure_size(address: str, cluster: Any, size: float, args: argparse.Namespa
         "width": width,
         "step_s": {},
         "peak_mem_gb": {},
+        "agent_cores": {},
     }
     mem_gb = _available_gb()
     replicas = [r for r in (1, 2, 3) if r <= workers]
     fits = {r: _need_gb(size, workers, r) < 0.6 * mem_gb for r in replicas}
     for label, kw in [
         ("none", {"checkpoint__every_steps": steps + 100}),
+        ("every=10", {"checkpoint__every_steps": 10}),
         *[(f"replicas={r}", {"checkpoint__replicas": r}) for r in replicas if fits[r]],
         ("torch.save", {"checkpoint__every_steps": steps + 100}),
     ]:
+        if label not in args.modes:
+            continue
         times = work / f"{size}-{label}.json"
         cfg = {"state_mb": size, "width": width, "batch": batch, "times_file": str(times)}
         if label == "torch.save":
@@ -258,9 +312,11 @@ def measure_size(address: str, cluster: Any, size: float, args: argparse.Namespa
         res = _run(address, spec, work / f"run-{size}-{label}")
         out["step_s"][label] = _median_step(times)
         out["peak_mem_gb"][label] = res["peak_mem_gb"]
+        out["agent_cores"][label] = res["agent_cores"]
         print(
             f"  {size:g} MB {label:12s} {out['step_s'][label]:.3f} s/step, "
-            f"peak memory in use {res['peak_mem_gb']:.1f} GB",
+            f"peak memory in use {res['peak_mem_gb']:.1f} GB, "
+            f"node agents {res['agent_cores']:.3f} cores",
             flush=True,
         )
     skipped = [f"replicas={r}" for r in replicas if not fits[r]]
@@ -280,23 +336,9 @@ def measure_size(address: str, cluster: Any, size: float, args: argparse.Namespa
     }
     out["restore"] = {}
     kill = 6
-    _ensure_nodes(cluster, workers + 1, args.object_store_gb)
-    res = _run(
-        address,
-        _spec(
-            "ck-rmem",
-            size,
-            width,
-            batch,
-            kill + 3,
-            workers,
-            **base,
-            chaos__faults=[{"kind": "kill_worker", "rank": 1, "at_step": kill}],
-        ),
-        work / f"restore-{size}-memory",
-    )
-    out["restore"]["memory"] = _restore_s(res)
-    if fits.get(2):
+    if "memory" in args.restores:
+        _restore_memory(address, cluster, size, args, work, out, base, width, batch, kill)
+    if fits.get(2) and "peer" in args.restores:
         _ensure_nodes(cluster, workers + 1, args.object_store_gb)
         res = _run(
             address,
@@ -314,6 +356,35 @@ def measure_size(address: str, cluster: Any, size: float, args: argparse.Namespa
             work / f"restore-{size}-peer",
         )
         out["restore"]["peer"] = _restore_s(res)
+    if "durable" in args.restores:
+        _restore_durable(address, cluster, size, args, work, out, base, width, batch, kill)
+    for tier, r in out["restore"].items():
+        print(f"  {size:g} MB restore from {tier:8s} {r['restore_s']}", flush=True)
+    return out
+
+
+def _restore_memory(address, cluster, size, args, work, out, base, width, batch, kill) -> None:
+    workers = args.workers
+    _ensure_nodes(cluster, workers + 1, args.object_store_gb)
+    res = _run(
+        address,
+        _spec(
+            "ck-rmem",
+            size,
+            width,
+            batch,
+            kill + 3,
+            workers,
+            **base,
+            chaos__faults=[{"kind": "kill_worker", "rank": 1, "at_step": kill}],
+        ),
+        work / f"restore-{size}-memory",
+    )
+    out["restore"]["memory"] = _restore_s(res)
+
+
+def _restore_durable(address, cluster, size, args, work, out, base, width, batch, kill) -> None:
+    workers = args.workers
     uri = work / f"durable-{size}"
     faults = [{"kind": "kill_node", "rank": 1, "at_step": kill}]
     faults += [
@@ -338,9 +409,6 @@ def measure_size(address: str, cluster: Any, size: float, args: argparse.Namespa
         work / f"restore-{size}-durable",
     )
     out["restore"]["durable"] = _restore_s(res) | {"page_cache_dropped": dropped}
-    for tier, r in out["restore"].items():
-        print(f"  {size:g} MB restore from {tier:8s} {r['restore_s']}", flush=True)
-    return out
 
 
 def _need_gb(size_mb: float, workers: int, replicas: int) -> float:
@@ -390,9 +458,9 @@ def _cell(value: float | None) -> str:
 
 
 def render(res: dict) -> str:
-    head = "state MB   step s: none   repl=1   repl=2   repl=3  torch.save"
+    head = "state MB   step s: none  every10   repl=1   repl=2   repl=3  torch.save"
     lines = ["", head + "   restore s: memory    peer  durable"]
-    labels = ["none", "replicas=1", "replicas=2", "replicas=3", "torch.save"]
+    labels = ["none", "every=10", "replicas=1", "replicas=2", "replicas=3", "torch.save"]
     for s in res["sizes"]:
         steps = " ".join(_cell(s["step_s"].get(k)) for k in labels)
         restores = " ".join(
@@ -418,16 +486,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument(
+        "--modes",
+        default="none,every=10,replicas=1,replicas=2,replicas=3,torch.save",
+        help="step-time runs (comma-separated)",
+    )
+    ap.add_argument(
+        "--restores", default="memory,peer,durable", help="restore tiers (comma-separated)"
+    )
+    ap.add_argument(
         "--object-store-gb", type=float, default=2.0, help="each simulated node's object store"
     )
     args = ap.parse_args(argv)
+    args.modes = set(args.modes.split(","))
+    args.restores = set(filter(None, args.restores.split(",")))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import ray
     from ray.cluster_utils import Cluster
 
     head = {"num_cpus": 0, "include_dashboard": False}
     cluster = Cluster(initialize_head=True, connect=False, head_node_args=head)
-    res: dict[str, Any] = {"machine": f"{os.cpu_count()} cores", "args": vars(args), "sizes": []}
+    res: dict[str, Any] = {
+        "machine": f"{os.cpu_count()} cores",
+        "args": {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items()},
+        "sizes": [],
+    }
     try:
         with tempfile.TemporaryDirectory(prefix="ckpt-bench-") as tmp:
             for size in [float(x) for x in args.sizes.split(",")]:
