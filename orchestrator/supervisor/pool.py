@@ -249,7 +249,9 @@ class WorkerPool:
             self.clock.mark("spares")
 
     def scheduled(self, supervisor_node: str) -> None:
-        """The `scheduled` event: where the supervisor and every rank are."""
+        """The `scheduled` event, after the start's preflight (which this ends in the cold
+        start's phases): where the supervisor and every rank are."""
+        self.clock.mark("preflight")
         info = self.worker_info
         self._emit(
             "scheduled",

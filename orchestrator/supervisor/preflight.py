@@ -157,13 +157,6 @@ class Preflight:
         """Preflight `ranks` (at the start: every rank with neighbour all-reduces, and the
         spares); cordon failing nodes and move their ranks until every rank's node passed.
         Raises SchedulingError when that keeps failing."""
-        try:
-            self._check_and_move(ranks, initial)
-        finally:
-            if initial:
-                self.pool.clock.mark("preflight")
-
-    def _check_and_move(self, ranks: list[int], initial: bool) -> None:
         if not self.cfg.enabled or not ranks:
             return
         pool = self.pool
