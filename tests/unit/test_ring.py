@@ -232,3 +232,45 @@ def test_on_a_gpu_the_copy_thread_fills_the_ring_and_the_optimizer_waits_for_it(
         assert any(op[0] == "wait" and op[1] == "training" for op in fake.log)  # the fence
     finally:
         node.close()
+
+
+def test_the_node_agent_keeps_fences_and_falls_back_through_its_rings(tmp_path):
+    """NodeAgent (in this process, no Ray) with its rings: shards of an aborted generation
+    and of steps lost with the node's memory are passed over, and when its shared memory
+    fills up the rings close and the rank's snapshots go through the fall-back."""
+    from stalwart.orchestrator.agent.actor import NodeAgent
+
+    agent = NodeAgent("node-a", "job-key", shm_root=str(tmp_path / "shm"), lease_s=None)
+    generation = {"n": 1}
+    sent = []
+
+    def fallback():
+        return SnapshotPipeline(lambda snap: sent.append(snap.step))
+
+    pipe = RingPipeline(
+        lambda metas, n, k: agent.open_ring(0, metas, n, k),
+        fallback,
+        generation=lambda: generation["n"],
+    )
+    model = torch.nn.Linear(8, 8)
+    try:
+        for step in range(3):
+            pipe.submit(step, _state(step, model))
+        assert pipe.drain(5)
+        _until(lambda: agent.store.stored().get(0) == [0, 1, 2])
+        agent.prune(above=1, fence=2, seq=(0, 1))  # a roll back to step 1; generation 2 next
+        pipe.submit(2, _state(2, model))  # a late hand-over of generation 1
+        assert pipe.drain(5) and agent.store.stored()[0] == [0, 1]
+        generation["n"] = 2
+        pipe.submit(2, _state(2, model))
+        assert pipe.drain(5)
+        _until(lambda: agent.store.stored()[0] == [0, 1, 2])
+        assert agent.get_shard(0, 2).intact()
+
+        agent.store.fall_back("the file system is full (test)")
+        pipe.submit(3, _state(3, model))
+        assert pipe.drain(5) and sent == [3] and pipe.transport == "ray"
+        assert agent.store.transport == "ray" and agent.store.stored()[0] == [0, 1, 2]
+        assert [n["type"] for n in agent.store.take_notes()] == ["shm_full"]
+    finally:
+        agent.close()
