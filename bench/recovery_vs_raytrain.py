@@ -291,7 +291,10 @@ def phase_stalwart(
         "error": result.get("error"),
         "wall_incl_ray_start_s": wall,
         "event_counts": _count(e.get("type") for e in events),
+        # run_job's start (Ray's start included) -> the first step on every rank, by phase.
+        "startup": result.get("startup"),
     }
+    rec.update(_stalwart_first_step(result.get("startup")))
     if result.get("training_seconds") and result.get("steps_completed"):
         rec["training_seconds_per_step"] = result["training_seconds"] / result["steps_completed"]
     if kill:
@@ -318,6 +321,15 @@ def phase_stalwart(
         rec["cpu"] = _cpu_stats(ranks, args.warmup)
         rec["timed_generation"] = ranks[0]["generation"]
     return rec
+
+
+def _stalwart_first_step(startup: dict[str, Any] | None) -> dict[str, Any]:
+    """Time to the first step, with and without starting Ray (result.json's `startup`)."""
+    first = (startup or {}).get("first_step_after_s")
+    if first is None:
+        return {}
+    ray_s = startup["phases_s"].get("ray_init", 0.0)
+    return {"time_to_first_step_incl_ray_s": first, "time_to_first_step_s": first - ray_s}
 
 
 def _count(items) -> dict[str, int]:
@@ -408,6 +420,8 @@ def _raytrain_loop(config: dict[str, Any]) -> None:
                     marks / f"first_step_r{rank}_p{pid}.json",
                     {"t": time.time(), "from_step": start, "rank": rank},
                 )
+            elif step == start and not after_kill:  # the job's first step (time to it)
+                _write_json(marks / f"start_step_r{rank}_p{pid}.json", {"t": time.time()})
             if (step + 1) % every == 0 or step + 1 == steps:
                 metrics = {"loss": loss_value, "step": step + 1}
                 if rank == 0:
@@ -535,6 +549,11 @@ def phase_raytrain(
     if 0 in finals:
         rec["final_loss"] = finals[0]["final_loss"]
     rec["checkpoints_in_storage"] = _stored_checkpoints(work / "storage")
+    # TorchTrainer.fit()'s call (and Ray's start) -> the first step on every rank.
+    starts = [_read_json(p)["t"] for p in marks.glob("start_step_r*_p*.json")]
+    if len(starts) >= args.workers:
+        rec["time_to_first_step_s"] = max(starts) - t0
+        rec["time_to_first_step_incl_ray_s"] = max(starts) - t_init
     if not kill:
         if 0 in finals:
             rec["step_time"] = _step_stats(finals[0]["starts"], args.warmup)
@@ -849,6 +868,12 @@ def summarize(res: dict[str, dict[str, Any]]) -> dict[str, Any]:
             _get(cold, "recovery_s"), _get(sk, "recovery_s")
         ),
     }
+    # Time to the first step: the kill runs' (their start is the same as a steady run's).
+    for key in ("time_to_first_step_s", "time_to_first_step_incl_ray_s"):
+        out[f"raytrain_over_stalwart_{key.removesuffix('_s')}"] = _ratio(
+            _get(rk, key) or _get(res.get("raytrain-steady"), key),
+            _get(sk, key) or _get(res.get("stalwart-steady"), key),
+        )
     plain = res.get("plain-ddp")
     for key, name in (
         ("stalwart", "stalwart-steady"),
@@ -886,6 +911,12 @@ def render(res: dict[str, dict[str, Any]], ratios: dict[str, Any], args: argpars
         f"{'wall time incl. starting Ray (s)':44}"
         f"{_fmt(sk.get('wall_incl_ray_start_s'), '.1f'):>{w}}"
         f"{_fmt(rk.get('wall_incl_ray_start_s'), '.1f'):>{w}}",
+        f"{'time to first step once Ray is up (s)':44}"
+        f"{_fmt(_first(res, 'stalwart', 'time_to_first_step_s'), '.1f'):>{w}}"
+        f"{_fmt(_first(res, 'raytrain', 'time_to_first_step_s'), '.1f'):>{w}}",
+        f"{'time to first step incl. starting Ray (s)':44}"
+        f"{_fmt(_first(res, 'stalwart', 'time_to_first_step_incl_ray_s'), '.1f'):>{w}}"
+        f"{_fmt(_first(res, 'raytrain', 'time_to_first_step_incl_ray_s'), '.1f'):>{w}}",
         f"{'status':44}{_fmt(sk.get('status')):>{w}}{_fmt(rk.get('status')):>{w}}",
         f"stalwart without a warm spare (cold replacement): recovery "
         f"{_fmt(res.get('stalwart-kill-cold', {}).get('recovery_s'))} s, phases "
@@ -934,6 +965,10 @@ def render(res: dict[str, dict[str, Any]], ratios: dict[str, Any], args: argpars
         f"{_fmt(ratios['raytrain_over_stalwart_cold_recovery'], '.1f')}x",
         f"  stalwart cold replacement / warm spare    "
         f"{_fmt(ratios['stalwart_cold_over_spare_recovery'], '.1f')}x",
+        f"  Ray Train time to first step / stalwart's  "
+        f"{_fmt(ratios['raytrain_over_stalwart_time_to_first_step'], '.2f')}x once Ray is up, "
+        f"{_fmt(ratios['raytrain_over_stalwart_time_to_first_step_incl_ray'], '.2f')}x "
+        "with Ray's start",
     ]
     for key, label, goal in (
         ("stalwart", "stalwart s/step / plain DDP s/step", "   (goal <= 1.05)"),
@@ -948,6 +983,13 @@ def render(res: dict[str, dict[str, Any]], ratios: dict[str, Any], args: argpars
                 f"best-{WINDOW_STEPS} {_fmt(ratios[f'{key}_over_plain_step_best_window_mean'])}  "
                 f"CPU {_fmt(ratios[f'{key}_over_plain_cpu_per_step'])}{goal}"
             )
+    startup = sk.get("startup") or res.get("stalwart-steady", {}).get("startup")
+    if startup and startup.get("phases_s"):
+        lines.append("")
+        lines.append(
+            "stalwart start-up phases (s): "
+            + ", ".join(f"{k} {_fmt(v, '.2f')}" for k, v in startup["phases_s"].items())
+        )
     if sk.get("phases_s"):
         lines.append("")
         lines.append(
@@ -967,6 +1009,11 @@ def render(res: dict[str, dict[str, Any]], ratios: dict[str, Any], args: argpars
         if rec.get("status") != "succeeded" or rec.get("error"):
             lines.append(f"!! {name}: status {rec.get('status')}, error: {rec.get('error')}")
     return "\n".join(lines)
+
+
+def _first(res: dict[str, dict[str, Any]], system: str, key: str) -> float | None:
+    """`system`'s time to its first step: from its kill run, else its steady run."""
+    return _get(res.get(f"{system}-kill"), key) or _get(res.get(f"{system}-steady"), key)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
