@@ -19,11 +19,12 @@ from typing import Any
 from stalwart.ckpt.durable import DurableStore, open_store
 from stalwart.ckpt.ring import RingReader
 from stalwart.ckpt.snapshot import Snapshot, TensorMeta, payload_checksum
-from stalwart.ckpt.store import MemoryShardStore, ShardInfo, ShmShardStore
+from stalwart.ckpt.store import ShardInfo, ShmShardStore
 from stalwart.health.gpu_probe import FakeGpuProbe, GpuProbe, make_probe
 from stalwart.health.xid import GpuReading
+from stalwart.orchestrator.agent.channel import KEY_BYTES, ChannelServer
 from stalwart.orchestrator.agent.own_store import OwnStore
-from stalwart.orchestrator.agent.replication import Replicator
+from stalwart.orchestrator.agent.replication import ReplicaStore, Replicator
 from stalwart.orchestrator.agent.rings import RingHub
 from stalwart.orchestrator.chaos import actions as chaos_actions
 
@@ -64,9 +65,13 @@ class NodeAgent:
             self.store.on_fall_back = self.rings.close_rank
         self._local_trim: tuple[set[int], int, int | None] | None = None
         # Copies of the shards of this node's replica-group peers (ckpt/replicas.py), and
-        # the thread that sends this node's shards to them.
-        self.replicas = MemoryShardStore()
+        # the threads that send this node's shards to them, and the channel (its own key)
+        # peers put copies through and restoring workers fetch shards from.
+        self.replicas = ReplicaStore()
         self.replicator = Replicator(self.store)
+        self.channel = ChannelServer(
+            os.urandom(KEY_BYTES), self._channel_put, self.get_shard, self.replicas.reserve
+        )
         self._refuse_upto = -1  # chaos drop_replicas: shards of steps <= this are lost
         self._prune_lock = threading.Lock()
         self._prune_seq: tuple[int, int] = (-1, -1)  # (supervisor incarnation, number)
@@ -223,10 +228,20 @@ class NodeAgent:
         self.replicator.replicate(step)
 
     def put_replica(self, rank: int, snapshot: Snapshot) -> ShardInfo:
-        """A peer's copy of `rank`'s shard."""
+        """A peer's copy of `rank`'s shard, through Ray (a peer that has no channel here)."""
         if snapshot.step <= self._refuse_upto:  # lost with the node's memory (chaos)
             return ShardInfo(rank, snapshot.step, 0)
         return self.replicas.put(rank, snapshot)
+
+    def _channel_put(self, rank: int, snapshot: Snapshot) -> None:
+        """A peer's copy over the channel, read into a buffer of the replica store."""
+        if snapshot.step > self._refuse_upto:  # else lost with the node's memory (chaos)
+            self.replicas.adopt(rank, snapshot)
+
+    def channel_address(self, caller: str | None = None) -> dict[str, Any]:
+        """{host, port, key} of this agent's channel (agent/channel.py) for a caller on the
+        node address `caller`: handed out over Ray only, to the job's own processes."""
+        return self.channel.address(caller)
 
     def wipe(self, up_to: int) -> int:
         """Chaos drop_replicas: lose every shard this node holds, its own and its copies,
@@ -325,6 +340,7 @@ class NodeAgent:
         """Free the node's shards (their shared-memory files) before the agent goes away."""
         self._stop.set()
         self.replicator.close()
+        self.channel.close()
         if self.rings is not None:
             self.rings.close()
         if self.probe is not None:

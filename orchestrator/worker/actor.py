@@ -29,6 +29,7 @@ from stalwart.ckpt.ring_pipeline import RingPipeline
 from stalwart.ckpt.snapshot import Snapshot, payload_checksum
 from stalwart.health.classify import classify_exception
 from stalwart.health.observations import FailureKind
+from stalwart.orchestrator.agent.channel import ChannelError, fetch_from_agent
 from stalwart.orchestrator.chaos import actions as chaos
 from stalwart.orchestrator.spec import JobSpec
 from stalwart.orchestrator.worker import probes as preflight
@@ -374,15 +375,22 @@ class TrainWorker:
 
     def _fetch(self, source: Any, step: int) -> Snapshot | None:
         """`step`'s shard from the restore source: an agent's memory (own node's by
-        default) or, for a dict naming a durable target, storage (sha256-checked)."""
+        default; another node's over its channel, agent/channel.py) or, for a dict naming a
+        durable target, storage (sha256-checked)."""
         if isinstance(source, dict):
             return open_store(source).read_shard(step, self._restore_rank)
         # Bounded: a source agent that dies or stalls mid-fetch fails this restore (and the
         # supervisor restores from the next source), it never hangs the recovery.
-        return ray.get(
-            (source or self.agent).get_shard.remote(self._restore_rank, step),
-            timeout=self.spec["failure"]["restore_timeout_s"],
-        )
+        source, deadline = source or self.agent, self.spec["failure"]["restore_timeout_s"]
+        deadline += time.monotonic()
+        if source._actor_id != self.agent._actor_id:  # a peer's: over its channel, else Ray
+            try:
+                left = deadline - time.monotonic()
+                return fetch_from_agent(source, self._restore_rank, step, left, self.node_ip)
+            except ChannelError as e:
+                print(f"stalwart: restore over the channel failed ({e}): Ray", file=sys.stderr)
+        left = max(1.0, deadline - time.monotonic())
+        return ray.get(source.get_shard.remote(self._restore_rank, step), timeout=left)
 
     def _on_fault(self, fault: dict[str, Any]) -> None:
         # Recorded synchronously, at the supervisor (a node fault takes the agent with it),
