@@ -4,6 +4,7 @@ and write OUTPUT/result.json and OUTPUT/events.jsonl."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from stalwart.orchestrator.spec import JobSpec
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.25
+CONTROL_PROCESSES = 2  # the supervisor and one node agent (the embedded Ray's one node)
 
 
 class ClusterUnreachable(RuntimeError):
@@ -135,7 +137,11 @@ def connect(address: str | None, spec: JobSpec, num_cpus: int | None, timeout: f
     # Embedded: size Ray's logical CPUs to fit the job (the workers' threads are capped to
     # their own share, so this does not oversubscribe the machine's cores).
     need = (spec.max_workers + spec.failure.spares) * spec.resources.cpu
-    cpus = num_cpus or max(os.cpu_count() or 1, int(need + 0.999))
+    # The raylet starts one idle Python process per logical CPU as the driver connects:
+    # with one for each of the job's processes (ranks, spares, the supervisor and the node
+    # agent), none of them waits for a process to be started (2 at a time on 2 cores).
+    processes = spec.max_workers + spec.failure.spares + CONTROL_PROCESSES
+    cpus = num_cpus or max(os.cpu_count() or 1, int(need + 0.999), processes)
     ray.init(
         address="local",  # always a new local instance, even if a cluster runs here
         num_cpus=cpus,
@@ -164,9 +170,13 @@ def run_job(
     marks = {"started": time.time()}  # the cold start's (supervisor/startup.py)
     check_chaos_allowed(spec, opts)
     out = Path(opts.output)
-    from stalwart.orchestrator.supervisor.actor import JobSupervisor as job_supervisor
-
-    where = connect(opts.address, spec, opts.num_cpus, opts.connect_timeout_s)
+    # The supervisor's modules (torch, the worker's) are imported while Ray starts.
+    importing = _Import("stalwart.orchestrator.supervisor.actor")
+    # Connected first: an address that does not answer leaves no empty run directory.
+    try:
+        where = connect(opts.address, spec, opts.num_cpus, opts.connect_timeout_s)
+    finally:
+        job_supervisor = importing.get().JobSupervisor
     marks["ray_ready"] = time.time()
     logs: RunLogs | None = None
     try:
@@ -195,6 +205,12 @@ def run_job(
         # agents (and the shards in their memory) by it.
         store_key = f"{spec.name}-{uuid.uuid4().hex[:12]}"
         owned = where == "embedded" or opts.owns_cluster
+        if where == "embedded":
+            from stalwart.orchestrator.supervisor.pool import start_agent  # imported above
+
+            # Its one node's agent starts (imports torch, ...) while the supervisor does, on
+            # the core the supervisor leaves idle, not later beside the ranks' starts.
+            start_agent(spec, store_key, _head_node())
 
         def start(adopt: dict[str, Any] | None) -> Any:
             marks.setdefault("supervisor_requested", time.time())
@@ -274,6 +290,36 @@ def run_job(
         ray.shutdown()
         if logs is not None:
             logs.close()
+
+
+class _Import:
+    """`module`, imported in a thread of its own (get() waits for it and returns it)."""
+
+    def __init__(self, module: str):
+        # What the supervisor's modules import of Ray, here first: Ray's start (this
+        # thread) and the import (the other) then never import the same modules at once.
+        import ray.exceptions
+        import ray.util.placement_group
+        import ray.util.scheduling_strategies  # noqa: F401
+
+        self._module: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(module,), name="stalwart-import", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, module: str) -> None:
+        try:
+            self._module = importlib.import_module(module)
+        except BaseException as e:  # re-raised in get(), in the caller's thread
+            self._error = e
+
+    def get(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._module
 
 
 @contextlib.contextmanager

@@ -309,7 +309,7 @@ class JobSupervisor:
         if self.sm.state is JobState.RECOVERING:
             self._recover(self.sm.context)
             return
-        self.pool.check_spares()
+        self.preflight.check_spares()
         grow = self.elastic.check_growth()
         if grow:
             reason = (

@@ -159,28 +159,7 @@ class WorkerPool:
 
     def ensure_agent(self, node: str) -> Any:
         if node not in self.agents:
-            gpu = self.spec.health.gpu
-            self.agents[node] = (
-                ray.remote(NodeAgent)
-                .options(
-                    num_cpus=0,
-                    max_concurrency=32,
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-                    # Detached: the node's memory (its shards) outlives this supervisor, so
-                    # a restarted one takes the job back from it (the agent's lease ends
-                    # it when no supervisor of the job is left).
-                    lifetime="detached",
-                    name=f"{AGENT_PREFIX}{self.store_key}-{node[:16]}",
-                    namespace="stalwart",
-                )
-                .remote(
-                    node,
-                    self.store_key,
-                    shm_root=self.spec.checkpoint.shm_dir,
-                    gpu_probe=gpu.probe,
-                    gpu_interval_s=gpu.interval_s,
-                )
-            )
+            self.agents[node] = start_agent(self.spec, self.store_key, node)
         return self.agents[node]
 
     def adopt_agents(self) -> None:
@@ -214,7 +193,9 @@ class WorkerPool:
 
     def schedule(self) -> None:
         """Hold the room for every rank and spare (all or nothing), start the workers and
-        the spares, and wait until they are ready."""
+        the spares, and wait until the workers are ready. The spares are not waited for:
+        they become ready alongside the preflight and the first steps (check_spares), and
+        a failure before then waits for one (replace)."""
         spec = self.spec
         self.clock.mark("supervisor_init")
         check_capacity(spec, ray.nodes())
@@ -238,15 +219,7 @@ class WorkerPool:
             self.start_spare(bundle_index)
         self.await_ready(list(range(self.world)), spec.failure.scheduling_timeout_s)
         self.clock.workers_ready({r: self.worker_info[r].get("boot", {}) for r in self.workers})
-        if self.spares_starting:
-            # Start with the spares ready, so an early failure finds one.
-            ray.wait(
-                list(self.spares_starting),
-                num_returns=len(self.spares_starting),
-                timeout=spec.failure.scheduling_timeout_s,
-            )
-            self.check_spares()
-            self.clock.mark("spares")
+        self.check_spares()  # those ready by now are preflighted with the ranks
 
     def scheduled(self, supervisor_node: str) -> None:
         """The `scheduled` event, after the start's preflight (which this ends in the cold
@@ -410,6 +383,20 @@ class WorkerPool:
                 "spare_ready", bundle=bundle_index, node=info["node_id"], spares=len(self.spares)
             )
 
+    def _await_spare(self) -> None:
+        """No ready spare on a healthy node, but spares still starting (a failure early in
+        the job): wait for one, as long as a worker started now would take to start (the
+        ranks' boot took that long), which it started before."""
+        bad = self.bad_nodes()
+        wait_s = self.clock.boot_seconds() or self.spec.failure.replacement_timeout_s
+        deadline = time.monotonic() + min(wait_s, self.spec.failure.replacement_timeout_s)
+        while self.spares_starting and not any(n not in bad for _, _, n in self.spares):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            ray.wait(list(self.spares_starting), num_returns=1, timeout=left)
+            self.check_spares()
+
     def take_spare(self, rank: int) -> tuple[Any, int | None] | None:
         """A ready spare on a healthy node, now holding `rank`; None if there is none."""
         bad = self.bad_nodes()
@@ -462,6 +449,7 @@ class WorkerPool:
             ray.kill(self.workers[rank], no_restart=True)
             self.forget_rank(rank)
             freed = self.bundle_of[rank]
+            self._await_spare()
             spare = self.take_spare(rank)
             if spare is not None:
                 self.workers[rank], self.bundle_of[rank] = spare
@@ -545,6 +533,34 @@ class WorkerPool:
         for agent in self.agents.values():
             ray.kill(agent, no_restart=True)
         self.slots.close()
+
+
+def start_agent(spec: JobSpec, store_key: str, node: str) -> Any:
+    """Job `store_key`'s node agent on `node`: the one already started (the driver starts
+    the embedded Ray's as the supervisor starts), else a new one."""
+    gpu = spec.health.gpu
+    return (
+        ray.remote(NodeAgent)
+        .options(
+            num_cpus=0,
+            max_concurrency=32,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            # Detached: the node's memory (its shards) outlives this supervisor, so a
+            # restarted one takes the job back from it (the agent's lease ends it when no
+            # supervisor of the job is left).
+            lifetime="detached",
+            name=f"{AGENT_PREFIX}{store_key}-{node[:16]}",
+            namespace="stalwart",
+            get_if_exists=True,
+        )
+        .remote(
+            node,
+            store_key,
+            shm_root=spec.checkpoint.shm_dir,
+            gpu_probe=gpu.probe,
+            gpu_interval_s=gpu.interval_s,
+        )
+    )
 
 
 def actor_error_text(e: BaseException) -> str:

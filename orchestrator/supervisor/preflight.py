@@ -185,6 +185,21 @@ class Preflight:
             f"preflight kept failing after moving ranks {MOVE_ATTEMPTS} times: {bad}"
         )
 
+    def check_spares(self) -> None:
+        """Take the spares that became ready (the start does not wait for them); one on a
+        node that has not passed is checked now, off a recovery's path, and started again
+        elsewhere if its node fails."""
+        known = len(self.pool.spares)
+        self.pool.check_spares()
+        fresh = [(a, n) for a, _, n in self.pool.spares[known:] if n not in self.passed]
+        if not fresh or not self.cfg.enabled:
+            return
+        # No peers: the ranks are training; the node is judged against the passed ones.
+        bad = self.check([], fresh)
+        if bad:
+            self.cordon_failed(bad)
+            self.pool.restart_spares_on(bad)
+
     def check_newcomers(self, newcomers: list[tuple[Any, str]]) -> dict[str, str]:
         """Check idle workers (with their nodes) about to become ranks, on nodes that have
         not passed; the nodes that fail are cordoned. Returns them."""

@@ -170,6 +170,15 @@ class StartupClock:
                 self.mark(phase, slowest[1].get(key))
         self.mark("worker_attach")
 
+    def boot_seconds(self) -> float | None:
+        """The longest boot of the ranks' workers at the start (process start to ready)."""
+        secs = [
+            b["ready"] - (b.get("process_started") or b["init"])
+            for b in self.boots.values()
+            if "ready" in b and "init" in b
+        ]
+        return max(secs) if secs else None
+
     def launched(self, generation: int) -> None:
         if self.generation is None:
             self.generation = generation
