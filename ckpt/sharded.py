@@ -16,9 +16,15 @@ with sharded state keeps a fixed number of workers (an elastic resize fails with
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
-from torch.distributed.optim import ZeroRedundancyOptimizer
+if TYPE_CHECKING:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+# Not imported here: torch.distributed.optim costs each process 1.6 s of CPU at start-up,
+# and an object can only be one if its program imported it already.
+_ZERO_MODULE = "torch.distributed.optim.zero_redundancy_optimizer"
 
 
 class ShardMismatch(RuntimeError):
@@ -79,6 +85,7 @@ def _brief(numels: list[int]) -> str:
 def rank_local_view(obj: Any) -> Any:
     """What ``ctx.register`` checkpoints for `obj`: a `RankShard` for a sharded optimizer,
     the object itself otherwise."""
-    if isinstance(obj, ZeroRedundancyOptimizer):
+    zero = sys.modules.get(_ZERO_MODULE)
+    if zero is not None and isinstance(obj, zero.ZeroRedundancyOptimizer):
         return RankShard(obj)
     return obj
