@@ -569,10 +569,10 @@ def _process_started() -> float:
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):  # no /proc: __init__'s start
+        with open("/proc/uptime") as f:
+            up = float(f.read().split()[0])  # to the 10 ms (/proc/stat's btime: whole s)
+        return time.time() - (up - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):  # no /proc: __init__'s start
         return time.time()
 
 
