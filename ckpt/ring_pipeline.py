@@ -58,6 +58,7 @@ class RingPipeline:
         self._flattener = Flattener()
         self._writer: RingWriter | None = None
         self._fallback: Any = None
+        self._last: tuple[int, Any] | None = None
         self.stats = PipelineStats()
         self._device = device
         self._copies: queue.Queue[Any] = queue.Queue()
@@ -84,6 +85,7 @@ class RingPipeline:
             return
         if self._device is not None:
             return self._submit_device(step, state)
+        self._last = (step, state)  # for drain(), should the ring close under it
         t0 = time.perf_counter()
         flat = self._flattener.flatten(state)  # refuses an unsafe state before any copy
         writer = self._writer_for(flat.metas, flat.nbytes, len(flat.skeleton))
@@ -228,8 +230,15 @@ class RingPipeline:
         if self._fallback is not None:
             return self._fallback.drain(max(0.0, deadline - time.monotonic()))
         w = self._writer
-        while w is not None and w.pending() and not w.ring.closed:
-            if time.monotonic() > deadline:
+        while w is not None and w.pending():
+            if w.ring.closed and self._last is not None:
+                # Closed under the last snapshot (its rank was renumbered or forgotten):
+                # training has stopped, so its state is still the one to hand over.
+                self.submit(*self._last)
+                self._last = None
+                w = self._writer
+                continue
+            if w.ring.closed or time.monotonic() > deadline:
                 return False
             time.sleep(0.002)
         return True

@@ -4,6 +4,7 @@ rings.py), with a real store under a temporary folder, no Ray."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -274,3 +275,26 @@ def test_the_node_agent_keeps_fences_and_falls_back_through_its_rings(tmp_path):
         assert [n["type"] for n in agent.store.take_notes()] == ["shm_full"]
     finally:
         agent.close()
+
+
+def test_a_ring_closed_under_the_last_snapshot_is_handed_it_again_at_the_drain(tmp_path):
+    node = _Node(tmp_path / "n")
+    node.hub._stop.set()  # the hub's thread stops looking: the last publish stays pending
+    node.hub._thread.join(timeout=5)
+    model = torch.nn.Linear(8, 8)
+    pipe = _pipeline(node)
+    try:
+        pipe.submit(5, _state(5, model))
+        with node.hub._poll_lock, node.hub._lock:  # closed before the hub took it
+            reader = next(iter(node.hub._readers.values()))
+            node.hub._readers.clear()
+        reader.ring.close_for_writers()
+        pipe_drained = []
+        t = threading.Thread(target=lambda: pipe_drained.append(pipe.drain(10)))
+        t.start()
+        _until(lambda: len(node.hub._readers) == 1)  # drain opened a new ring
+        node.hub.poll()
+        t.join(10)
+        assert pipe_drained == [True] and node.store.stored()[0] == [5]
+    finally:
+        node.close()
