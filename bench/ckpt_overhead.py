@@ -283,7 +283,7 @@ def measure_size(address: str, cluster: Any, size: float, args: argparse.Namespa
     }
     mem_gb = _available_gb()
     replicas = [r for r in (1, 2, 3) if r <= workers]
-    fits = {r: _need_gb(size, workers, r) < 0.6 * mem_gb for r in replicas}
+    fits = {r: _need_gb(size, workers, r) < 0.75 * mem_gb for r in replicas}
     for label, kw in [
         ("none", {"checkpoint__every_steps": steps + 100}),
         ("every=10", {"checkpoint__every_steps": 10}),
@@ -412,14 +412,16 @@ def _restore_durable(address, cluster, size, args, work, out, base, width, batch
 
 
 def _need_gb(size_mb: float, workers: int, replicas: int) -> float:
-    """Memory a run takes, from the 250 MB run that ran out (21 GB): per rank the model,
-    gradients, optimizer and two snapshot buffers (~3.5x the state), ~4 steps of its own
-    shards, and ~3 steps of every copy its node keeps (with one rank per node and fewer
-    than 2 x replicas nodes, one group: every node keeps every other node's shards); then
-    1.5x for objects in flight in Ray's object stores."""
-    copies_per_node = 0 if replicas <= 1 else workers - 1
-    per_rank = size_mb / 1000 * (3.5 + 4 + 3 * copies_per_node)
-    return 1.5 * workers * per_rank
+    """Memory a run takes: per rank the model, gradients and optimizer (~1.5x the state)
+    and its snapshot ring (6 slots), and ~3 steps of every copy its node keeps (one per
+    peer of its replica group: `replicas - 1`, or every other node's when the nodes are
+    fewer than 2 x replicas and form one group); then 1.1x for what is in flight."""
+    if replicas <= 1:
+        copies_per_node = 0
+    else:
+        copies_per_node = replicas - 1 if workers >= 2 * replicas else workers - 1
+    per_rank = size_mb / 1000 * (1.5 + 6 + 3 * copies_per_node)
+    return 1.1 * workers * per_rank
 
 
 def _available_gb() -> float:

@@ -154,8 +154,8 @@ class NodeAgent:
         return True
 
     def _ring_full(self, reader: RingReader) -> None:
-        """Every slot of a ring but one is kept: move the oldest shard not being sent to
-        peers out of the ring, so the rank's next snapshot finds a slot."""
+        """Every slot of a ring is kept: move the oldest shard not being sent to peers out
+        of the ring, so the rank's next snapshot finds a slot."""
         pinned = self.replicator.pinned()
         for step in reader.held_steps():
             if step not in pinned and self.store.move_out(reader.rank, step):

@@ -23,8 +23,9 @@ from stalwart.ckpt.ring import BELL, RingFile, RingReader, drain_bell, make_bell
 from stalwart.ckpt.snapshot import TensorMeta
 
 # Per ring: a node keeps each rank's newest three shards (the next commit is made of
-# them), the commit before them, and one slot is being written.
-SLOTS = 5
+# them) and the two newest commits, which may be older; one more slot is being written.
+# A shard is moved out (a copy) only when all are kept, so never in steady state.
+SLOTS = 6
 POLL_S = 0.05
 
 
@@ -97,8 +98,8 @@ class RingHub:
             keep = step >= 0 and self._on_shard(reader, slot, step, generation, skeleton)
             reader.settle(slot, step if keep else None)
             n += 1
-        if not reader.ring.closed and len(reader.held()) >= reader.ring.slots - 1:
-            self._on_full(reader)
+        if not reader.ring.closed and len(reader.held()) >= reader.ring.slots:
+            self._on_full(reader)  # the rank's next snapshot would wait for a slot
         return n
 
     def _loop(self) -> None:

@@ -317,12 +317,12 @@ def test_gpu_workers_get_gpus_placement_and_a_sized_shm(rendered):
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert "podAntiAffinity" in pod["affinity"]
     (shm,) = [v for v in pod["volumes"] if v["name"] == "shm"]
-    # 8 ranks x 6 GiB x 5 versions of own shards, 30% of 1000 GiB for Ray's object store,
+    # 8 ranks x 6 GiB x 6 ring slots of own shards, 30% of 1000 GiB for Ray's object store,
     # 1 GiB for NCCL and Ray's own files.
     gib = 1024
     assert shm["emptyDir"] == {
         "medium": "Memory",
-        "sizeLimit": f"{8 * 6 * 5 * gib + -(-1000 * gib * 3 // 10) + gib}Mi",
+        "sizeLimit": f"{8 * 6 * 6 * gib + -(-1000 * gib * 3 // 10) + gib}Mi",
     }
 
 
