@@ -4,7 +4,6 @@ and write OUTPUT/result.json and OUTPUT/events.jsonl."""
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
 import os
@@ -170,13 +169,13 @@ def run_job(
     marks = {"started": time.time()}  # the cold start's (supervisor/startup.py)
     check_chaos_allowed(spec, opts)
     out = Path(opts.output)
-    # The supervisor's modules (torch, the worker's) are imported while Ray starts.
-    importing = _Import("stalwart.orchestrator.supervisor.actor")
+    # Imported in this thread, before Ray connects: torch imported in a second thread
+    # while ray.init ran crashed the driver now and then ("Intel oneMKL FATAL ERROR: Cannot
+    # load libtorch_cpu.so", then SIGSEGV, on a cluster the Jobs API runs it on).
+    from stalwart.orchestrator.supervisor.actor import JobSupervisor as job_supervisor
+
     # Connected first: an address that does not answer leaves no empty run directory.
-    try:
-        where = connect(opts.address, spec, opts.num_cpus, opts.connect_timeout_s)
-    finally:
-        job_supervisor = importing.get().JobSupervisor
+    where = connect(opts.address, spec, opts.num_cpus, opts.connect_timeout_s)
     marks["ray_ready"] = time.time()
     logs: RunLogs | None = None
     try:
@@ -290,36 +289,6 @@ def run_job(
         ray.shutdown()
         if logs is not None:
             logs.close()
-
-
-class _Import:
-    """`module`, imported in a thread of its own (get() waits for it and returns it)."""
-
-    def __init__(self, module: str):
-        # What the supervisor's modules import of Ray, here first: Ray's start (this
-        # thread) and the import (the other) then never import the same modules at once.
-        import ray.exceptions
-        import ray.util.placement_group
-        import ray.util.scheduling_strategies  # noqa: F401
-
-        self._module: Any = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(module,), name="stalwart-import", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, module: str) -> None:
-        try:
-            self._module = importlib.import_module(module)
-        except BaseException as e:  # re-raised in get(), in the caller's thread
-            self._error = e
-
-    def get(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._module
 
 
 @contextlib.contextmanager
