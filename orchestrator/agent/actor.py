@@ -63,7 +63,6 @@ class NodeAgent:
         self.rings = RingHub(root, self._ring_shard, self._ring_full) if self.store.shm else None
         if self.rings is not None:
             self.store.on_fall_back = self.rings.close_rank
-        self._local_trim: tuple[set[int], int, int | None] | None = None
         # Copies of the shards of this node's replica-group peers (ckpt/replicas.py), and
         # the threads that send this node's shards to them, and the channel (its own key)
         # peers put copies through and restoring workers fetch shards from.
@@ -144,13 +143,9 @@ class NodeAgent:
         if not self.store.commit_ring(rank, step, skeleton, reader, slot, checksum):
             return False
         self._layouts[rank] = reader.ring.metas
+        # Trimmed only by the supervisor's prunes, which know what persistence and the
+        # next commit still need; a ring the prunes leave full moves a shard out instead.
         self._after_hand_over(rank, step)
-        trim = self._local_trim
-        if trim is not None:
-            # Each rank's newest few and the supervisor's last `keep`: memory stays bounded
-            # between two prunes, and the ring keeps a slot free.
-            keep, newest, below = trim
-            self.store.trim(keep | self.replicator.pinned(), newest, below)
         return True
 
     def _ring_full(self, reader: RingReader) -> None:
@@ -386,15 +381,11 @@ class NodeAgent:
                 self._prune_seq = seq
             if fence is not None:
                 self._fence = max(self._fence, fence)
-            if above is not None:
-                self._local_trim = None  # a rollback: until the next commit's prune
             dropped = 0
             for store in (self.store, self.replicas):
                 if above is not None:
                     dropped += store.drop_above(above)
                 if keep is not None:
-                    if store is self.store:
-                        self._local_trim = (set(keep), newest, below)
                     kept = set(keep) | self.replicator.pinned()
                     if store is self.replicas and fresh_above is not None:
                         kept |= {s for v in store.stored().values() for s in v if s > fresh_above}
