@@ -283,11 +283,9 @@ class ShmShardStore:
         with self._lock:
             owner, slot = self._reserved.pop(path)
             assert owner == rank, f"slot {path} was reserved by rank {owner}, not {rank}"
-            snap = Snapshot(step, bytes(skeleton), tuple(metas), slot.array, checksum)
-            old = self._shards.pop((rank, step), None)
-            self._shards[(rank, step)] = (snap, slot)
-            if old is not None:
-                self._recycle(rank, old[1])
+            self._keep(
+                rank, Snapshot(step, bytes(skeleton), tuple(metas), slot.array, checksum), slot
+            )
         return ShardInfo(rank, step, slot.nbytes)
 
     def commit_ring(
@@ -304,12 +302,8 @@ class ShmShardStore:
         shard of `step`: kept where it is, released to the ring when dropped."""
         array = ring.ring.payload(index)
         slot = _Slot(f"{ring.ring.path}#{index}", len(array), array, (ring, index))
-        snap = Snapshot(step, bytes(skeleton), tuple(metas), array, checksum)
         with self._lock:
-            old = self._shards.pop((rank, step), None)
-            self._shards[(rank, step)] = (snap, slot)
-            if old is not None:
-                self._recycle(rank, old[1])
+            self._keep(rank, Snapshot(step, bytes(skeleton), tuple(metas), array, checksum), slot)
         return ShardInfo(rank, step, slot.nbytes)
 
     def move_out(self, rank: int, step: int) -> bool:
@@ -327,7 +321,10 @@ class ShmShardStore:
             return False
         with self._lock:
             _, slot = self._reserved.pop(path)
-            np.copyto(slot.array, old.array)
+        # Outside the lock (250 MB is 0.1 s): a kept ring slot is never written, and one
+        # dropped meanwhile is found below and its copy discarded.
+        np.copyto(slot.array, old.array)
+        with self._lock:
             if self._shards.get((rank, step)) is not entry:  # dropped or replaced meanwhile
                 self._free[rank].append(slot)
                 return False
@@ -335,6 +332,14 @@ class ShmShardStore:
             self._shards[(rank, step)] = (moved, slot)
             self._recycle(rank, old)
         return True
+
+    def _keep(self, rank: int, snap: Snapshot, slot: _Slot) -> None:
+        """`slot` now holds `rank`'s shard `snap`; a shard it replaces gives its slot back
+        (lock held)."""
+        old = self._shards.pop((rank, snap.step), None)
+        self._shards[(rank, snap.step)] = (snap, slot)
+        if old is not None:
+            self._recycle(rank, old[1])
 
     def _recycle(self, rank: int, slot: _Slot) -> None:
         """A dropped shard's slot: back to its ring, or to the rank's free slots (lock held)."""
