@@ -22,12 +22,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from stalwart.ckpt.pipeline import PipelineStats
 from stalwart.ckpt.ring import RingWriter, wait_free
-from stalwart.ckpt.snapshot import Flattener, TensorMeta, copy_tensors
+from stalwart.ckpt.snapshot import Flattener, TensorMeta, _as_numpy, copy_tensors
 
 VOID = -1  # the step a slot is published with when its copy failed: passed over
 
@@ -78,10 +77,15 @@ class RingPipeline:
     def transport(self) -> str:
         return "ray" if self._fallback is not None else "shm"
 
+    def _use_fallback(self) -> None:
+        """Snapshots go through Ray from now on (the fall-back counts in the same stats)."""
+        if self._fallback is None:
+            self._fallback = self._make_fallback()
+            self._fallback.stats = self.stats
+
     def submit(self, step: int, state: Any) -> None:
         if self._fallback is not None:
             self._fallback.submit(step, state)
-            self.stats = self._fallback.stats
             return
         if self._device is not None:
             return self._submit_device(step, state)
@@ -90,8 +94,7 @@ class RingPipeline:
         flat = self._flattener.flatten(state)  # refuses an unsafe state before any copy
         writer = self._writer_for(flat.metas, flat.nbytes, len(flat.skeleton))
         if writer is None:
-            self._fallback = self._make_fallback()
-            self._fallback.stats = self.stats
+            self._use_fallback()
             self._fallback.submit(step, state)
             return
         t1 = time.perf_counter()
@@ -172,16 +175,13 @@ class RingPipeline:
                     self._copying -= 1
 
     def _to_ring(self, snap: Any) -> None:
-        payload = np.asarray(
-            snap.payload.numpy() if hasattr(snap.payload, "numpy") else snap.payload
-        )
+        payload = _as_numpy(snap.payload)
         while True:
             writer = self._writer_for(snap.metas, snap.nbytes, len(snap.skeleton))
             if writer is None:
                 # No shared memory (any more): the next snapshots go through Ray; this one
                 # is not checkpointed (its buffer is the device capture's, given back now).
-                if self._fallback is None:
-                    self._fallback = self._make_fallback()
+                self._use_fallback()
                 self.stats.errors += 1
                 self.stats.last_error = f"no snapshot ring: step {snap.step} was not checkpointed"
                 return
