@@ -81,7 +81,6 @@ class NodeAgent:
         self._beats: dict[int, dict[str, Any]] = {}
         self._output: list[dict[str, Any]] = []  # the ranks' printed lines, for the report
         self._output_dropped = 0
-        self._layouts: dict[int, tuple] = {}  # rank -> tensor layout of its last shard
         # GPU health: a probe thread keeps the latest reading per GPU and the Xids seen
         # since the last report.
         self._stop = threading.Event()
@@ -142,7 +141,6 @@ class NodeAgent:
         checksum = payload_checksum(reader.ring.payload(slot))  # damage after this is found
         if not self.store.commit_ring(rank, step, skeleton, reader, slot, checksum):
             return False
-        self._layouts[rank] = reader.ring.metas
         # Trimmed only by the supervisor's prunes, which know what persistence and the
         # next commit still need; a ring the prunes leave full moves a shard out instead.
         self._after_hand_over(rank, step)
@@ -347,7 +345,6 @@ class NodeAgent:
         """The job's ranks were renumbered (elastic shrink): old rank -> new rank."""
         with self._lock:
             self._beats.clear()
-            self._layouts = {ranks[r]: m for r, m in self._layouts.items() if r in ranks}
         ranks = {int(k): v for k, v in ranks.items()}
         if self.rings is not None:
             self.rings.close_rank(None)  # the workers open rings under their new ranks
