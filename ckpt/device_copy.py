@@ -54,9 +54,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from stalwart.ckpt.skeleton import RECHECK, check
-from stalwart.ckpt.skeleton import dumps as skeleton_dumps
-from stalwart.ckpt.snapshot import Snapshot, TensorMeta, TensorRef, _layout, _split
+from stalwart.ckpt.snapshot import Flattener, Snapshot, TensorMeta, views_of
 
 
 class DeviceApi(Protocol):
@@ -191,7 +189,7 @@ class AsyncCapture:
         self._side: dict[torch.device, Any] = {}
         self._pending: dict[torch.device, Any] = {}  # each device's newest copy's event
         self._guarded: list[torch.optim.Optimizer] = []
-        self._checked: set[type] = set()
+        self._flattener = Flattener()
 
     # --- the training thread ----------------------------------------------------------------
 
@@ -230,17 +228,11 @@ class AsyncCapture:
 
     def _capture(self, slot: _Slot, step: int, state: Any) -> PendingSnapshot:
         api = self.api
-        tensors: list[torch.Tensor] = []
-        leaves: set[type] = set()
-        skeleton = _split(state, tensors, leaves)
-        metas, total = _layout(tensors)
         # Refused here, before anything is issued (docs/checkpoints.md, "What a snapshot may
-        # hold"); checked when a kind of value first appears, as SnapshotBuffer does.
-        pickled = skeleton_dumps(skeleton, state)
-        if not leaves <= self._checked:
-            check(pickled, state, TensorRef)
-            self._checked |= leaves - {RECHECK}
-        views = self._views(slot, tensors, metas, total)
+        # hold"), as SnapshotBuffer does.
+        flat = self._flattener.flatten(state)
+        tensors, metas, total, pickled = flat.tensors, flat.metas, flat.nbytes, flat.skeleton
+        views = self._views(slot, metas, total)
         by_device: dict[torch.device, list[int]] = {}
         host: list[int] = []
         for i, (t, m) in enumerate(zip(tensors, metas, strict=True)):
@@ -292,17 +284,13 @@ class AsyncCapture:
                         ptrs.add(v.untyped_storage().data_ptr())
         return ptrs
 
-    def _views(self, slot: _Slot, tensors, metas, total: int) -> list[torch.Tensor]:
+    def _views(self, slot: _Slot, metas, total: int) -> list[torch.Tensor]:
         if slot.buf is None or slot.buf.numel() < total:
             n = max(total, 1)
             slot.buf = self.api.pinned(n) if self.api else torch.empty(n, dtype=torch.uint8)
             slot.metas = None
         if metas != slot.metas:
-            buf = slot.buf
-            slot.views = [
-                buf[m.offset : m.offset + m.nbytes].view(t.dtype).view(t.shape)
-                for t, m in zip(tensors, metas, strict=True)
-            ]
+            slot.views = views_of(slot.buf, metas)
             slot.metas = metas
         return slot.views
 
