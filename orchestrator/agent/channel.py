@@ -366,14 +366,8 @@ class PeerLink:
             raise ChannelError(f"the peer refused: {reply.get('error')}")
         if not reply.get("found"):
             return None
-        try:
+        with self._closed_on_error():
             return _read_shard(self._sock, reply, deadline, reserve)
-        except (OSError, ValueError, KeyError) as e:
-            self.close()
-            raise _channel_error(e) from e
-        except ChannelError:
-            self.close()
-            raise
 
     def close(self) -> None:
         if self._sock is not None:
@@ -383,11 +377,18 @@ class PeerLink:
 
     def _call(self, timeout_s: float, header: dict, *sections: Any) -> dict:
         deadline = time.monotonic() + timeout_s
-        try:
+        with self._closed_on_error():
             if self._sock is None:
                 self._sock = self._connect(deadline)
             _send(self._sock, deadline, header, *sections)
             return _recv(self._sock, deadline)
+
+    @contextlib.contextmanager
+    def _closed_on_error(self):
+        """A connection that failed mid-message is closed (the next call opens another);
+        the error is a ChannelError."""
+        try:
+            yield
         except (OSError, ValueError, KeyError) as e:
             self.close()
             raise _channel_error(e) from e
