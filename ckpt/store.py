@@ -309,16 +309,14 @@ class ShmShardStore:
     def move_out(self, rank: int, step: int) -> bool:
         """Copy `rank`'s shard of `step` out of its ring slot into a slot file of the
         store's own, giving the ring its slot back (the shard is kept longer than the
-        ring has room for). False: not in a ring slot, or no room for the copy."""
+        ring has room for). False: not in a ring slot (any more). Raises ShmFull when the
+        file system has no room for the copy."""
         with self._lock:
             entry = self._shards.get((rank, step))
         if entry is None or entry[1].ring is None:
             return False
         snap, old = entry
-        try:
-            path = self.reserve(rank, old.nbytes)
-        except OSError:
-            return False
+        path = self.reserve(rank, old.nbytes)
         with self._lock:
             _, slot = self._reserved.pop(path)
         # Outside the lock (250 MB is 0.1 s): a kept ring slot is never written, and one

@@ -118,8 +118,17 @@ class OwnStore:
         return True
 
     def move_out(self, rank: int, step: int) -> bool:
+        """Move `rank`'s shard of `step` out of its ring (see ShmShardStore.move_out). No
+        room for it: every shard moves into memory, the rings close and the ranks send
+        their shards through Ray (True: the ring has its slots back either way)."""
         shm = self.shm
-        return shm is not None and shm.move_out(rank, step)
+        if shm is None:
+            return False
+        try:
+            return shm.move_out(rank, step)
+        except OSError as e:  # ShmFull
+            self.fall_back(str(e))
+            return True
 
     def take_notes(self) -> list[dict[str, Any]]:
         notes, self.notes = self.notes, []

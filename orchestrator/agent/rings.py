@@ -7,7 +7,8 @@ numbers and hands each published slot to the agent (`on_shard`), which keeps it 
 rank's shard or passes it over. When a rank's ring has no free slot left because the
 agent keeps them all (commits lag, a copy to a peer is slow), the oldest is moved out of
 the ring into a slot file of the store's own (`on_full`), so the rank's next snapshot
-never waits on the agent's retention.
+waits at most for that copy; with no room left for it, the node's shards move into the
+agent's memory and its ranks send them through Ray (the rings close).
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ class RingHub:
         self._on_full = on_full
         self._slots = slots
         self._lock = threading.Lock()
-        self._poll_lock = threading.Lock()  # one look at a slot at a time
+        # One look at a slot at a time; re-entered when a full ring's move-out finds no
+        # room and the fall-back closes every ring from inside the look.
+        self._poll_lock = threading.RLock()
         self._readers: dict[str, RingReader] = {}
         self._count = 0
         self.bell = str(self.root / BELL)

@@ -298,3 +298,36 @@ def test_a_ring_closed_under_the_last_snapshot_is_handed_it_again_at_the_drain(t
         assert pipe_drained == [True] and node.store.stored()[0] == [5]
     finally:
         node.close()
+
+
+def test_a_full_ring_with_no_room_to_move_a_shard_out_falls_back_to_ray(tmp_path):
+    """The node's shared memory filled up while its prunes keep every ring slot: the
+    move-out finds no room, so the node moves its shards into memory (said once) and the
+    rank's next snapshots go through Ray, none given up."""
+    from stalwart.ckpt.store import ShmFull
+    from stalwart.orchestrator.agent.actor import NodeAgent
+
+    agent = NodeAgent("node-a", "job-key", shm_root=str(tmp_path / "shm"), lease_s=None)
+    sent = []
+
+    def no_room(rank, nbytes):
+        raise ShmFull("no room for the test's shard")
+
+    agent.store.shm.reserve = no_room
+    pipe = RingPipeline(
+        lambda metas, n, k: agent.open_ring(0, metas, n, k),
+        lambda: SnapshotPipeline(lambda snap: sent.append(snap.step)),
+        generation=lambda: 1,
+        wait_s=10,
+    )
+    model = torch.nn.Linear(8, 8)
+    try:
+        for step in range(9):  # no prune: the agent keeps every shard, the ring fills
+            pipe.submit(step, _state(step, model))
+        assert pipe.drain(10) and pipe.stats.errors == 0, pipe.stats.last_error
+        assert pipe.transport == "ray" and sent and agent.store.transport == "ray"
+        held = agent.store.stored()[0]
+        assert sorted(held + sent) == list(range(9))  # every snapshot kept, one way or the other
+        assert [n["type"] for n in agent.store.take_notes()] == ["shm_full"]
+    finally:
+        agent.close()
