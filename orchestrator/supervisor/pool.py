@@ -338,7 +338,7 @@ class WorkerPool:
             slot = self.bundle_of.get(rank)
             if slot is not None and self.slots.node_of(slot) in bad:
                 del pending[ref]
-                self._restart(rank, "its slot's node has died; starting it elsewhere", pending)
+                self._restart(rank, "its slot's node has died or is cordoned; starting it elsewhere", pending)
 
     def _note_dead_nodes(self) -> None:
         self.dead_in_ray |= {n["NodeID"] for n in ray.nodes() if not n.get("Alive")}
@@ -470,6 +470,10 @@ class WorkerPool:
         failure.replacement_timeout_s stays where it is. Returns the ranks moved."""
         old = {r: (self.workers[r], self.worker_info[r], self.bundle_of[r]) for r in ranks}
         for rank in ranks:
+            # The new worker starts outside any slot: the old slot, on the cordoned node,
+            # still holds the old worker (kept if the new one finds no room), and must not
+            # look like the new one's to await_ready, which releases slots on bad nodes.
+            self.bundle_of[rank] = None
             self.workers[rank] = self.create_worker(rank, None)
         missing = self.await_ready(
             ranks, self.spec.failure.replacement_timeout_s, allow_missing=True
