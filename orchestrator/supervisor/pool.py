@@ -338,7 +338,9 @@ class WorkerPool:
             slot = self.bundle_of.get(rank)
             if slot is not None and self.slots.node_of(slot) in bad:
                 del pending[ref]
-                self._restart(rank, "its slot's node has died or is cordoned; starting it elsewhere", pending)
+                self._restart(
+                    rank, "its slot's node has died or is cordoned; starting it elsewhere", pending
+                )
 
     def _note_dead_nodes(self) -> None:
         self.dead_in_ray |= {n["NodeID"] for n in ray.nodes() if not n.get("Alive")}
