@@ -171,7 +171,8 @@ def _storage_unavailable(result, events, verdict):
     assert "storage unavailable" in failed[0]["reason"]
     assert "older complete checkpoints stay valid" in failed[0]["reason"]
     # Persistence catches up once the target is back, up to the end of the run.
-    persisted = [e["step"] for e in _of(events, "persisted") if e["ts"] > fault["at"] + 8]
+    back = fault["at"] + fault["seconds"]
+    persisted = [e["step"] for e in _of(events, "persisted") if e["ts"] > back]
     assert persisted and max(persisted) >= result["total_steps"] - 20
     # What a restore would pick is always complete: the newest step verifies, and asking
     # for a step inside the outage gives the complete one before it, never a partial one.
