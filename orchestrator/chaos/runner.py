@@ -241,6 +241,8 @@ class TimedInjector:
                     answer = ray.get(sup.inject.remote(request), timeout=30)
                 except Exception as e:  # the job ended, or its supervisor is being replaced
                     answer = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+                    if self._done.is_set():  # Ray's connection went with the job
+                        answer = {"error": "the job ended before its time came"}
                 if not answer.get("retry") or time.monotonic() > until or self._done.wait(0.5):
                     break
             answer.pop("retry", None)

@@ -245,7 +245,7 @@ EXTRA = {
 # Fewer steps in CI than kill-supervisor's 2,000 after the restart, enough to see a leak:
 # 600. The memory-flat check reads the throughput events, one a second, so what it needs is
 # time after the adoption, not steps: with the snapshot ring the steps got fast enough that
-# 300 (shared with storm and timed for one baseline) left it 5 readings, too few to judge.
+# 300 (storm's) left it 5 readings, too few to judge. timed runs 600 as well: one baseline.
 OVERRIDES = {"kill-supervisor": ["job.set=[steps=600]"]}
 
 
