@@ -199,6 +199,9 @@ class AlertWatch:
 RETRY_S = 60.0  # how long a timed fault waits for a recovering job to run again
 
 
+JOB_ENDED = "the job ended before its time came"  # a timed fault's answer once it has
+
+
 class TimedInjector:
     """Injects the scenario's timed faults into the running chaos job (through its
     supervisor, as `stalwart chaos inject` does): each at its offset after the job first
@@ -240,9 +243,9 @@ class TimedInjector:
                     sup = ray.get_actor(f"stalwart-{self.job}", namespace="stalwart")
                     answer = ray.get(sup.inject.remote(request), timeout=30)
                 except Exception as e:  # the job ended, or its supervisor is being replaced
-                    answer = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-                    if self._done.is_set():  # Ray's connection went with the job
-                        answer = {"error": "the job ended before its time came"}
+                    why = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                    # Once the job has ended, Ray's connection went with it: say that.
+                    answer = {"error": JOB_ENDED if self._done.is_set() else why}
                 if not answer.get("retry") or time.monotonic() > until or self._done.wait(0.5):
                     break
             answer.pop("retry", None)
@@ -253,11 +256,7 @@ class TimedInjector:
         if self._thread.is_alive():
             self._thread.join(timeout=40)
         done = {id(t) for t, _ in self.answers}
-        return self.answers + [
-            (t, {"error": "the job ended before its time came"})
-            for t in self.timed
-            if id(t) not in done
-        ]
+        return self.answers + [(t, {"error": JOB_ENDED}) for t in self.timed if id(t) not in done]
 
 
 def _run(spec: JobSpec, out: Path, address: str | None, owned: bool, opts: ChaosOptions, **kw):

@@ -486,7 +486,6 @@ class WorkerPool:
                 self.workers[rank], self.worker_info[rank], self.bundle_of[rank] = old[rank]
             else:
                 ray.kill(old[rank][0], no_restart=True)
-                self.bundle_of[rank] = None
         moved = [r for r in ranks if r not in missing]
         if moved:
             self._emit(
