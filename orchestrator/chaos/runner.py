@@ -199,7 +199,7 @@ class AlertWatch:
 RETRY_S = 60.0  # how long a timed fault waits for a recovering job to run again
 
 
-JOB_ENDED = "the job ended before its time came"  # a timed fault's answer once it has
+JOB_ENDED = "the job ended before its time came"  # a timed fault's answer once the job is over
 
 
 class TimedInjector:
