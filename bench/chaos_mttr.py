@@ -3,7 +3,7 @@
 against Ray Train's own fault tolerance for the kind it handles in the same run.
 
     python bench/chaos_mttr.py [--repeats 3] [--kinds kill_worker,kill_node,hang,...]
-        [--raytrain-repeats 3] [--out bench/results/chaos_mttr.json]
+        [--raytrain-repeats 3] [--set failure.standby=true] [--out bench/results/chaos_mttr.json]
 
 stalwart: for each kind, one chaos run (orchestrator/chaos/runner.py, the job of
 examples/chaos/job.yaml) on a local multi-node Ray this script starts (a CPU-less head and
@@ -60,14 +60,14 @@ def _faults(kind: str, repeats: int) -> list[dict[str, Any]]:
     return out
 
 
-def scenario_for(kind: str, repeats: int):
+def scenario_for(kind: str, repeats: int, overrides: list[str] = ()):
     from stalwart.orchestrator.chaos.scenario import Cluster, Expect, JobRef, Scenario
 
     steps = 40 * repeats + 60
     nodes = 3 + (repeats if kind == "kill_node" else 0)
     sc = Scenario(
         name=f"mttr-{kind.replace('_', '-')}",
-        job=JobRef(spec="job.yaml", set=[f"steps={steps}", "failure.max_restarts=50"]),
+        job=JobRef(spec="job.yaml", set=[f"steps={steps}", "failure.max_restarts=50", *overrides]),
         cluster=Cluster(worker_nodes=nodes, cpus_per_node=2),
         faults=_faults(kind, repeats),
         expect=Expect(finishes=True, digest_equals_baseline=True),
@@ -83,10 +83,12 @@ def _stats(values: list[float]) -> dict[str, Any]:
     return {"n": len(known), "median": statistics.median(known), "worst": max(known)}
 
 
-def measure_stalwart(kind: str, repeats: int, work: Path) -> dict[str, Any]:
+def measure_stalwart(
+    kind: str, repeats: int, work: Path, overrides: list[str] = ()
+) -> dict[str, Any]:
     from stalwart.orchestrator.chaos.runner import ChaosOptions, run_scenario
 
-    sc = scenario_for(kind, repeats)
+    sc = scenario_for(kind, repeats, overrides)
     opts = ChaosOptions(output=work / sc.name, base_dir=str(EXAMPLES), cache_dir=work / "cache")
     t0 = time.time()
     v = run_scenario(sc, opts)
@@ -174,6 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", default=",".join(KINDS), help=f"subset of {','.join(KINDS)}")
     p.add_argument("--raytrain-repeats", type=int, default=3, help="0: skip Ray Train")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a job spec override for stalwart's runs (repeatable), e.g. failure.standby=true",
+    )
     args = p.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = set(kinds) - set(KINDS)
@@ -183,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {"repeats": args.repeats, "stalwart": {}, "started": time.time()}
     for kind in kinds:
         print(f"stalwart: {kind} x{args.repeats} ...", flush=True)
-        res["stalwart"][kind] = measure_stalwart(kind, args.repeats, work)
+        res["stalwart"][kind] = measure_stalwart(kind, args.repeats, work, args.set)
     if args.raytrain_repeats:
         res["raytrain"] = {}
         for kind in [k for k in RAYTRAIN_PHASES if k in kinds]:

@@ -65,6 +65,7 @@ DEFAULT_PHASES = (
     "raytrain-steady",
     "stalwart-kill",
     "stalwart-kill-cold",
+    "stalwart-kill-standby",
     "raytrain-kill",
 )
 # Opt-in diagnostic: stalwart with its snapshot only every --ckpt-every steps (as Ray Train's),
@@ -245,6 +246,7 @@ def phase_stalwart(
     kill: bool,
     every: int | None = None,
     spares: int | None = None,
+    standby: bool = False,
 ) -> dict[str, Any]:
     from stalwart.orchestrator.driver import RunOptions, run_job
     from stalwart.orchestrator.spec import load_spec
@@ -256,6 +258,8 @@ def phase_stalwart(
         overrides.append(f"checkpoint.every_steps={every}")
     if spares is not None:
         overrides.append(f"failure.spares={spares}")
+    if standby:
+        overrides.append("failure.standby=true")
     if kill:
         overrides.append(
             f"chaos.faults=[{{kind: kill_worker, rank: {args.kill_rank}, "
@@ -311,6 +315,10 @@ def phase_stalwart(
         rec["resumed_from_step"] = f.get("restored_step")
         rec["killed_at_step"] = f.get("step")
         rec["phases_s"] = f.get("phases_s")
+        # How each replaced rank got its process: spare, standby, bundle (a new process).
+        rec["replaced_via"] = {
+            r: v["via"] for e in events if e["type"] == "replaced" for r, v in e["ranks"].items()
+        }
         keep = {"fault_injected", "decision", "generation", "recovered", "state"}
         rec["events"] = [
             {k: v for k, v in e.items() if k != "failures"} for e in events if e["type"] in keep
@@ -867,6 +875,9 @@ def summarize(res: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "stalwart_cold_over_spare_recovery": _ratio(
             _get(cold, "recovery_s"), _get(sk, "recovery_s")
         ),
+        "stalwart_cold_over_standby_recovery": _ratio(
+            _get(cold, "recovery_s"), _get(res.get("stalwart-kill-standby"), "recovery_s")
+        ),
     }
     # Time to the first step: the kill runs' (their start is the same as a steady run's).
     for key in ("time_to_first_step_s", "time_to_first_step_incl_ray_s"):
@@ -921,6 +932,9 @@ def render(res: dict[str, dict[str, Any]], ratios: dict[str, Any], args: argpars
         f"stalwart without a warm spare (cold replacement): recovery "
         f"{_fmt(res.get('stalwart-kill-cold', {}).get('recovery_s'))} s, phases "
         f"{res.get('stalwart-kill-cold', {}).get('phases_s')}",
+        f"stalwart without a spare, with a standby (failure.standby): recovery "
+        f"{_fmt(res.get('stalwart-kill-standby', {}).get('recovery_s'))} s, phases "
+        f"{res.get('stalwart-kill-standby', {}).get('phases_s')}",
         "",
         f"Steady state, no failure: s/step on rank 0, first {args.warmup} steps skipped",
     ]
@@ -1076,6 +1090,10 @@ def run_phase_here(args: argparse.Namespace) -> int:
         "stalwart-kill": lambda: phase_stalwart(args, args.work, kill=True),
         # The same kill with no warm spare: the replacement is a new process (cold start).
         "stalwart-kill-cold": lambda: phase_stalwart(args, args.work, kill=True, spares=0),
+        # No spare, but a standby (failure.standby): a pre-started process takes the rank.
+        "stalwart-kill-standby": lambda: phase_stalwart(
+            args, args.work, kill=True, spares=0, standby=True
+        ),
         "raytrain-steady": lambda: phase_raytrain(args, args.work, kill=False),
         "raytrain-kill": lambda: phase_raytrain(args, args.work, kill=True),
         "raytrain-kill-node": lambda: phase_raytrain(args, args.work, kill=True, node=True),

@@ -205,7 +205,7 @@ def run_job(
         store_key = f"{spec.name}-{uuid.uuid4().hex[:12]}"
         owned = where == "embedded" or opts.owns_cluster
         if where == "embedded":
-            from stalwart.orchestrator.supervisor.pool import start_agent  # imported above
+            from stalwart.orchestrator.supervisor.agents import start_agent  # imported above
 
             # Its one node's agent starts (imports torch, ...) while the supervisor does, on
             # the core the supervisor leaves idle, not later beside the ranks' starts.
@@ -387,7 +387,7 @@ def _force_stop(follower: _Follower, spec: JobSpec, store_key: str, why: str) ->
     their lease), and make the result from the last progress seen."""
     import ray
 
-    from stalwart.orchestrator.supervisor.pool import AGENT_PREFIX
+    from stalwart.orchestrator.supervisor.agents import AGENT_PREFIX
 
     with contextlib.suppress(Exception):
         ray.kill(follower.supervisor, no_restart=True)

@@ -177,6 +177,15 @@ class FailureSpec(_Model):
         description="idle workers kept started (torch imported, entrypoint loaded) that take "
         "a lost rank's place without starting a process",
     )
+    standby: bool = Field(
+        False,
+        description="keep one more idle worker process per node that holds ranks, started in "
+        "advance (torch imported) but holding no Ray resources: a rank lost when no spare "
+        "is ready moves into it (in its own slot, or a new slot on the standby's node) "
+        "instead of starting a process; costs an idle process per node (~0.4 GB of host "
+        "memory). Not used for jobs with resources.gpu > 0: a process without a GPU grant "
+        "cannot be handed its GPU after CUDA has started",
+    )
     abort_timeout_s: float = Field(
         10.0, gt=0, description="how long survivors get to leave their train loop on recovery"
     )

@@ -2,8 +2,9 @@
 nodes that get no new ranks (lost or cordoned).
 
 Placement rules (docs/architecture.md, "Placement of replacements"): a ready spare on a
-healthy node; else the lost rank's slot if its node is alive and not cordoned; else any
-healthy node, outside any slot.
+healthy node; else a ready standby (failure.standby) in the lost rank's slot, or in a new
+slot on the standby's node; else the lost rank's slot if its node is alive and not
+cordoned; else any healthy node, outside any slot.
 """
 
 from __future__ import annotations
@@ -22,18 +23,18 @@ from ray.util.scheduling_strategies import (
 )
 
 from stalwart.health.cordon import CordonList
-from stalwart.orchestrator.agent.actor import NodeAgent
 from stalwart.orchestrator.spec import JobSpec
+from stalwart.orchestrator.supervisor.agents import AGENT_PREFIX, start_agent
 from stalwart.orchestrator.supervisor.resources import (
     SchedulingError,
     check_capacity,
     worker_bundle,
 )
 from stalwart.orchestrator.supervisor.slots import Slots, SlotsUnavailable
+from stalwart.orchestrator.supervisor.standby import Standbys
 from stalwart.orchestrator.supervisor.startup import StartupClock
 from stalwart.orchestrator.worker.actor import TrainWorker
 
-AGENT_PREFIX = "stalwart-agent-"
 NODE_PING_TIMEOUT_S = 1.0  # a dead worker's node must answer this fast to keep its bundle
 ATTACH_TIMEOUT_S = 30.0
 SLOT_CHECK_S = 2.0  # how often a replacement waiting for its slot checks the slot's node
@@ -69,6 +70,8 @@ class WorkerPool:
         # Chaos `during: replace`: (rank, node) -> kill the replacement that just started.
         self.chaos_replace: Callable[[int, str], bool] = lambda rank, node: False
         self.spares_starting: dict[Any, tuple[Any, int | None]] = {}
+        # failure.standby: an idle process per node, holding no room (supervisor/standby.py).
+        self.standbys = Standbys(lambda node: self.create_worker(None, None, node), emit)
         self.agents: dict[str, Any] = {}
         self.slots = Slots(f"stalwart-{spec.name}")
         self.lost_nodes: set[str] = set()
@@ -132,6 +135,7 @@ class WorkerPool:
         self.lost_nodes.add(node)
         self.slots.release_on({node})
         self.agents.pop(node, None)
+        self.standbys.drop({node})
         dropped = [s for s in self.spares if s[2] == node]
         self.spares = [s for s in self.spares if s[2] != node]
         for actor, _, _ in dropped:
@@ -237,10 +241,16 @@ class WorkerPool:
         """The cold start's span `name`: from `start` until `ref` is done (or failed)."""
         ref.future().add_done_callback(lambda _: self.clock.span(name, start))
 
-    def create_worker(self, rank: int | None, bundle_index: int | None) -> Any:
+    def create_worker(
+        self, rank: int | None, bundle_index: int | None, standby_on: str | None = None
+    ) -> Any:
+        """A worker for `rank` (None: a spare) in slot `bundle_index` (None: on any healthy
+        node), or a standby pinned to node `standby_on`, holding no resources."""
         spec = self.spec
-        if bundle_index is not None:
-            strategy: Any = self.slots.strategy(bundle_index)
+        if standby_on is not None:
+            strategy: Any = NodeAffinitySchedulingStrategy(standby_on, soft=False)
+        elif bundle_index is not None:
+            strategy = self.slots.strategy(bundle_index)
         elif bad := self.bad_nodes():
             strategy = NodeLabelSchedulingStrategy(hard={"ray.io/node-id": NotIn(*sorted(bad))})
         else:
@@ -254,6 +264,8 @@ class WorkerPool:
             "max_task_retries": 0,
             "scheduling_strategy": strategy,
         }
+        if standby_on is not None:
+            options.update(num_cpus=0, num_gpus=0, resources={})
         if spec.runtime_env:
             options["runtime_env"] = spec.runtime_env
         return (
@@ -431,6 +443,7 @@ class WorkerPool:
 
     def restart_spares_on(self, nodes: set[str] | dict[str, Any]) -> None:
         """Spares on `nodes` (which failed preflight) are stopped and started elsewhere."""
+        self.standbys.drop(set(nodes))
         for entry in [s for s in self.spares if s[2] in nodes]:
             self.spares.remove(entry)
             ray.kill(entry[0], no_restart=True)
@@ -441,9 +454,10 @@ class WorkerPool:
     def replace(self, ranks: set[int]) -> tuple[dict[int, int | None], dict[int, str]]:
         """Stop `ranks`' workers and start their successors: a warm spare on a healthy node
         if one is ready (its place refilled by refill_spares(), once every replacement
-        has its place), else a new worker in the
-        lost rank's slot if its node is healthy, else on any healthy node. Returns the
-        spares used (rank -> their slot) and how each rank was placed."""
+        has its place), else a standby (failure.standby) in the lost rank's slot or a new
+        slot on its node, else a new worker in the lost rank's slot if its node is
+        healthy, else on any healthy node. Returns the spares used (rank -> their slot)
+        and how each rank was placed."""
         self.check_spares()
         used_spares: dict[int, int | None] = {}
         placed: dict[int, str] = {}
@@ -457,15 +471,39 @@ class WorkerPool:
                 self.workers[rank], self.bundle_of[rank] = spare
                 used_spares[rank] = spare[1]
                 self.refills.append(freed)
-            else:
-                self.bundle_of[rank] = self.usable_bundle(freed)
-                self.workers[rank] = self.create_worker(rank, self.bundle_of[rank])
-            placed[rank] = (
-                "spare"
-                if spare
-                else ("bundle" if self.bundle_of[rank] is not None else "healthy node")
-            )
+                placed[rank] = "spare"
+                continue
+            self.bundle_of[rank] = self.usable_bundle(freed)
+            standby = self._from_standby(rank)
+            if standby is not None:
+                self.workers[rank] = standby
+                placed[rank] = "standby"
+                continue
+            self.workers[rank] = self.create_worker(rank, self.bundle_of[rank])
+            placed[rank] = "bundle" if self.bundle_of[rank] is not None else "healthy node"
         return used_spares, placed
+
+    def _from_standby(self, rank: int) -> Any | None:
+        """A ready standby now holding `rank`, in the rank's slot if it has one, else in a
+        new slot on a healthy node with a ready standby (the rank's node was lost); None
+        if there is none there. A new slot stays the rank's either way."""
+        self.standbys.poll()
+        slot = self.bundle_of[rank]
+        if slot is None and self.standbys.ready:
+            nodes = set(self.standbys.ready) - self.bad_nodes()
+            slot = self.slots.add(worker_bundle(self.spec), nodes, SLOT_CHECK_S)
+            self.bundle_of[rank] = slot
+        if slot is None:
+            return None
+        return self.standbys.take(self.slots.node_of(slot), rank)
+
+    def fill_standbys(self) -> None:
+        """failure.standby: start a standby on a healthy node holding ranks or a spare (where
+        a lost node's ranks go) that has none (one at a time; not for jobs with GPUs, see
+        supervisor/standby.py)."""
+        if self.spec.failure.standby and not self.spec.resources.gpu:
+            nodes = {self.worker_info[r]["node_id"] for r in self.workers if r in self.worker_info}
+            self.standbys.fill((nodes | {n for _, _, n in self.spares}) - self.bad_nodes())
 
     def move(self, ranks: list[int]) -> list[int]:
         """Start `ranks` again on healthy nodes; a rank with no room on one within
@@ -531,6 +569,7 @@ class WorkerPool:
         delete their shared-memory files; one that is gone took them with its node) and
         give the room back."""
         spares = [s[0] for s in self.spares] + [a for a, _ in self.spares_starting.values()]
+        spares += self.standbys.actors()
         for worker in [*self.workers.values(), *spares, *others]:
             ray.kill(worker, no_restart=True)
         closing = [agent.close.remote() for agent in self.agents.values()]
@@ -538,34 +577,6 @@ class WorkerPool:
         for agent in self.agents.values():
             ray.kill(agent, no_restart=True)
         self.slots.close()
-
-
-def start_agent(spec: JobSpec, store_key: str, node: str) -> Any:
-    """Job `store_key`'s node agent on `node`: the one already started (the driver starts
-    the embedded Ray's as the supervisor starts), else a new one."""
-    gpu = spec.health.gpu
-    return (
-        ray.remote(NodeAgent)
-        .options(
-            num_cpus=0,
-            max_concurrency=32,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-            # Detached: the node's memory (its shards) outlives this supervisor, so a
-            # restarted one takes the job back from it (the agent's lease ends it when no
-            # supervisor of the job is left).
-            lifetime="detached",
-            name=f"{AGENT_PREFIX}{store_key}-{node[:16]}",
-            namespace="stalwart",
-            get_if_exists=True,
-        )
-        .remote(
-            node,
-            store_key,
-            shm_root=spec.checkpoint.shm_dir,
-            gpu_probe=gpu.probe,
-            gpu_interval_s=gpu.interval_s,
-        )
-    )
 
 
 def actor_error_text(e: BaseException) -> str:

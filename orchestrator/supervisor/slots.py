@@ -40,6 +40,7 @@ class Slots:
         self.name = name
         self._groups: dict[int, PlacementGroup] = {}
         self._node: dict[int, str] = {}
+        self._next = 0  # the index of the next slot added
 
     def reserve(
         self, count: int, bundle: dict[str, float], strategy: str, timeout_s: float
@@ -67,6 +68,7 @@ class Slots:
                 bundle_label_selector=[{NODE_LABEL: node}],
             )
             self._node[index] = node
+        self._next = count
         ready = [g.ready() for g in self._groups.values()]
         try:
             ray.get(ready, timeout=max(0.0, deadline - time.monotonic()))
@@ -78,6 +80,27 @@ class Slots:
                 "the job could hold it"
             ) from None
         return dict(self._node)
+
+    def add(self, bundle: dict[str, float], nodes: set[str], timeout_s: float) -> int | None:
+        """One more slot, on one of `nodes` (Ray picks one with room); returns its index,
+        or None when none of them had room within `timeout_s`."""
+        if not nodes:
+            return None
+        index, self._next = self._next, self._next + 1
+        group = placement_group(
+            [dict(bundle)],
+            name=f"{self.name}-slot{index}",
+            bundle_label_selector=[{NODE_LABEL: f"in({','.join(sorted(nodes))})"}],
+        )
+        try:
+            ray.get(group.ready(), timeout=timeout_s)
+            node = placement_group_table(group)["bundles_to_node_id"][0]
+        except GetTimeoutError:
+            remove_placement_group(group)
+            return None
+        self._groups[index] = group
+        self._node[index] = node
+        return index
 
     def remove_leftovers(self) -> int:
         """Remove the slots a dead predecessor of this job's supervisor held (Ray keeps a

@@ -144,3 +144,43 @@ def nan_loss_loop(ctx) -> None:
 
     ctx.report = report
     gpt_loop(ctx)
+
+
+def waits_for_standbys_loop(ctx) -> None:
+    """The GPT loop, except that rank 0, on reaching a step of `standbys_at`, waits (at most
+    120 s) until the job's event log shows a ready standby on every node holding ranks: a
+    fault after it finds them."""
+    import json
+    import time
+    from pathlib import Path
+
+    events = Path(ctx.output_dir).parent / "events.jsonl"
+    waits = set(ctx.config["standbys_at"])
+    original = ctx.report
+
+    def every_node_has_one() -> bool:
+        node_of: dict[str, str] = {}  # rank -> node
+        ready: dict[str, int] = {}  # node -> standbys ready there
+        for e in (json.loads(line) for line in events.read_text().splitlines() if line):
+            if e["type"] == "scheduled":
+                node_of = {r: w["node_id"] for r, w in e["workers"].items()}
+            elif e["type"] == "standby_ready":
+                ready[e["node"]] = ready.get(e["node"], 0) + 1
+            elif e["type"] == "replaced":
+                for r, how in e["ranks"].items():
+                    node_of[r] = how["node"]
+                    if how["via"] == "standby":
+                        ready[how["node"]] -= 1
+        return bool(node_of) and all(ready.get(n, 0) > 0 for n in node_of.values())
+
+    def report(**metrics):
+        original(**metrics)
+        if ctx.rank == 0 and ctx.progress.step in waits:
+            deadline = time.monotonic() + 120
+            while not every_node_has_one():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no standby on every node by step {ctx.progress.step}")
+                time.sleep(0.2)  # polling the event log for a condition, with a deadline
+
+    ctx.report = report
+    gpt_loop(ctx)

@@ -80,3 +80,23 @@ def test_a_successor_removes_the_slots_a_dead_supervisor_left(connected):
         assert new.remove_leftovers() == 0  # its own slots are not leftovers
     finally:
         new.close()
+
+
+def test_add_places_one_more_slot_on_a_named_node_or_says_none_had_room(connected):
+    from stalwart.orchestrator.supervisor.slots import Slots
+
+    head = connected.get_runtime_context().get_node_id()
+    slots = Slots("t-add")
+    try:
+        slots.reserve(2, {"CPU": 1.0}, "PACK", timeout_s=30)
+        # A new index after the reserved ones, on the node named.
+        assert slots.add({"CPU": 1.0}, {head}, timeout_s=30) == 2
+        assert slots.node_of(2) == head and slots.held() == [0, 1, 2]
+        assert _states("t-add-slot2") == {"t-add-slot2": "CREATED"}
+        # No node named, or no room on the nodes named: None, and nothing is left behind.
+        assert slots.add({"CPU": 1.0}, set(), timeout_s=1) is None
+        assert slots.add({"CPU": 1000.0}, {head}, timeout_s=1) is None
+        assert slots.held() == [0, 1, 2]
+        assert _states("t-add-slot3") == {"t-add-slot3": "REMOVED"}
+    finally:
+        slots.close()
