@@ -354,11 +354,15 @@ def nodes() -> dict[str, Any]:
                 h=4,
             ),
             Panel(
-                "Spares ready",
+                "Spares and standbys ready",
                 "stat",
-                (Target(f"max(stalwart_spares_ready{{{JOB}}})", "spares"),),
+                (
+                    Target(f"max(stalwart_spares_ready{{{JOB}}})", "spares"),
+                    Target(f"max(stalwart_standbys_ready{{{JOB}}})", "standbys"),
+                ),
                 "none",
-                "warm spare workers ready to take a rank",
+                "warm spare workers, and pre-started processes holding no room "
+                "(failure.standby), ready to take a rank",
                 w=6,
                 h=4,
             ),

@@ -222,6 +222,11 @@ DEFINITIONS: tuple[MetricDef, ...] = (
     ),
     MetricDef("stalwart_cordoned_nodes", "gauge", "nodes this job does not place ranks on"),
     MetricDef("stalwart_spares_ready", "gauge", "warm spare workers ready to take a rank"),
+    MetricDef(
+        "stalwart_standbys_ready",
+        "gauge",
+        "pre-started processes holding no room, ready to take a rank (failure.standby)",
+    ),
     MetricDef("stalwart_stragglers_flagged_total", "counter", "straggler flags raised"),
     MetricDef(
         "stalwart_replication_sent_bytes_total", "counter", "bytes of shards sent to peers' memory"

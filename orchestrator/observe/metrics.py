@@ -243,6 +243,7 @@ class JobMetrics:
             self._("stalwart_workers").set(progress["workers"])
             self._("stalwart_generation").set(progress["generation"])
             self._("stalwart_spares_ready").set(progress["spares"])
+            self._("stalwart_standbys_ready").set(progress.get("standbys", 0))
             self._("stalwart_cordoned_nodes").set(progress["cordoned"])
             self._("stalwart_restarts_left").set(-1 if restarts_left is None else restarts_left)
             self._count("stalwart_steps_redone_total", steps_redone)

@@ -267,6 +267,7 @@ class JobSupervisor:
             "steps_per_s": self.ledger.last_rate,
             "workers": len(self.pool.workers),
             "spares": len(self.pool.spares),
+            "standbys": len(self.pool.standbys.ready),
             "cordoned": cordoned,
             "slowest": scores[:3],
             "now": time.time(),
