@@ -375,20 +375,20 @@ class TrainWorker:
 
     def _fetch(self, source: Any, step: int) -> Snapshot | None:
         """`step`'s shard from the restore source: an agent's memory (own node's by
-        default, or another node's), over the agent's channel (agent/channel.py: one copy
-        into this process, against Ray's two through the object store), through Ray if
-        the channel fails; or, for a dict naming a durable target, storage (sha256-checked)."""
+        default; another node's over its channel, agent/channel.py) or, for a dict naming a
+        durable target, storage (sha256-checked)."""
         if isinstance(source, dict):
             return open_store(source).read_shard(step, self._restore_rank)
         # Bounded: a source agent that dies or stalls mid-fetch fails this restore (and the
         # supervisor restores from the next source), it never hangs the recovery.
         source, deadline = source or self.agent, self.spec["failure"]["restore_timeout_s"]
         deadline += time.monotonic()
-        try:
-            left = deadline - time.monotonic()
-            return fetch_from_agent(source, self._restore_rank, step, left, self.node_ip)
-        except ChannelError as e:
-            print(f"stalwart: restore over the channel failed ({e}): Ray", file=sys.stderr)
+        if source._actor_id != self.agent._actor_id:  # a peer's: over its channel, else Ray
+            try:
+                left = deadline - time.monotonic()
+                return fetch_from_agent(source, self._restore_rank, step, left, self.node_ip)
+            except ChannelError as e:
+                print(f"stalwart: restore over the channel failed ({e}): Ray", file=sys.stderr)
         left = max(1.0, deadline - time.monotonic())
         return ray.get(source.get_shard.remote(self._restore_rank, step), timeout=left)
 
