@@ -179,12 +179,12 @@ class FailureSpec(_Model):
     )
     standby: bool = Field(
         False,
-        description="keep one more idle worker process per node that holds ranks, started in "
-        "advance (torch imported) but holding no Ray resources: a rank lost when no spare "
-        "is ready moves into it (in its own slot, or a new slot on the standby's node) "
-        "instead of starting a process; costs an idle process per node (~0.4 GB of host "
-        "memory). Not used for jobs with resources.gpu > 0: a process without a GPU grant "
-        "cannot be handed its GPU after CUDA has started",
+        description="keep one more idle worker process on each node that holds ranks or a "
+        "spare, started in advance (torch imported) but holding no Ray resources: a rank "
+        "lost when no spare is ready moves into it (in its own slot, or a new slot on the "
+        "standby's node) instead of starting a process; costs an idle process per node "
+        "(~0.4 GB of host memory). Not used for jobs with resources.gpu > 0: a process "
+        "started without a GPU grant cannot be handed one later",
     )
     abort_timeout_s: float = Field(
         10.0, gt=0, description="how long survivors get to leave their train loop on recovery"

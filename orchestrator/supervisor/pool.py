@@ -502,8 +502,10 @@ class WorkerPool:
         a lost node's ranks go) that has none (one at a time; not for jobs with GPUs, see
         supervisor/standby.py)."""
         if self.spec.failure.standby and not self.spec.resources.gpu:
+            bad = self.bad_nodes()
+            self.standbys.drop(bad)  # cordoned since they started: no new ranks there
             nodes = {self.worker_info[r]["node_id"] for r in self.workers if r in self.worker_info}
-            self.standbys.fill((nodes | {n for _, _, n in self.spares}) - self.bad_nodes())
+            self.standbys.fill((nodes | {n for _, _, n in self.spares}) - bad)
 
     def move(self, ranks: list[int]) -> list[int]:
         """Start `ranks` again on healthy nodes; a rank with no room on one within
