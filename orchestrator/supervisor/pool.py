@@ -504,8 +504,8 @@ class WorkerPool:
         if self.spec.failure.standby and not self.spec.resources.gpu:
             bad = self.bad_nodes()
             self.standbys.drop(bad)  # cordoned since they started: no new ranks there
-            nodes = {self.worker_info[r]["node_id"] for r in self.workers if r in self.worker_info}
-            self.standbys.fill((nodes | {n for _, _, n in self.spares}) - bad)
+            nodes = {self.node_of(r) for r in self.workers if r in self.worker_info}
+            self.standbys.fill((nodes - bad) | self.spare_nodes())
 
     def move(self, ranks: list[int]) -> list[int]:
         """Start `ranks` again on healthy nodes; a rank with no room on one within

@@ -65,8 +65,8 @@ class Standbys:
             self._emit("standby_ready", node=node)
 
     def take(self, node: str | None, rank: int) -> Any | None:
-        """`node`'s ready standby, now holding `rank`; None if it has none (or it died)."""
-        self.poll()
+        """`node`'s ready standby, now holding `rank`; None if it has none (or it died).
+        The caller polls first (it decides where the rank goes by the ready ones)."""
         actor = self.ready.pop(node, None) if node is not None else None
         if actor is None:
             return None
