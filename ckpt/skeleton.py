@@ -101,6 +101,10 @@ class SkeletonUnpickler(pickle.Unpickler):
         # The tensor placeholder, under its name since 0.1 and its name before.
         if name == "TensorRef" and module in ("stalwart.ckpt.snapshot", "ckpt.snapshot"):
             return self._tensor_ref
+        if (module, name) == ("stalwart.ckpt.dtensor", "ShardRef"):  # a DTensor's shard
+            from stalwart.ckpt.dtensor import ShardRef
+
+            return ShardRef
         if (module, name) in _VALUES or (
             module in ("pathlib", "pathlib._local") and name in _PATHS
         ):

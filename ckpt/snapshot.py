@@ -12,12 +12,14 @@ import hashlib
 import warnings
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from stalwart.ckpt import dtensor
 from stalwart.ckpt.skeleton import RECHECK, SkeletonUnpickler, check, leaf_kind
 from stalwart.ckpt.skeleton import dumps as skeleton_dumps
 
@@ -40,8 +42,12 @@ class TensorMeta:
 
 def _split(obj: Any, tensors: list[torch.Tensor], leaves: set[type]) -> Any:
     """The skeleton of `obj`, its tensors appended to `tensors` and the types of its other
-    leaves (what the allow-list judges) added to `leaves`."""
+    leaves (what the allow-list judges) added to `leaves`. A DTensor's local shard is the
+    tensor kept; its ShardRef says how to put it back (ckpt/dtensor.py)."""
     if isinstance(obj, torch.Tensor):
+        if type(obj) is not torch.Tensor and dtensor.is_dtensor(obj):
+            tensors.append(dtensor.local_shard(obj))
+            return dtensor.shard_ref(obj, len(tensors) - 1)
         tensors.append(obj)
         return TensorRef(len(tensors) - 1)
     if isinstance(obj, dict):
@@ -58,15 +64,20 @@ def _split(obj: Any, tensors: list[torch.Tensor], leaves: set[type]) -> Any:
     return obj
 
 
-def _join(obj: Any, tensors: list[torch.Tensor]) -> Any:
+Rebuild = Callable[[dtensor.ShardRef, torch.Tensor], Any]
+
+
+def _join(obj: Any, tensors: list[torch.Tensor], rebuild: Rebuild) -> Any:
     if isinstance(obj, TensorRef):
         return tensors[obj.index]
+    if isinstance(obj, dtensor.ShardRef):
+        return rebuild(obj, tensors[obj.index])
     if isinstance(obj, dict):
-        return type(obj)((k, _join(v, tensors)) for k, v in obj.items())
+        return type(obj)((k, _join(v, tensors, rebuild)) for k, v in obj.items())
     if isinstance(obj, list):
-        return [_join(v, tensors) for v in obj]
+        return [_join(v, tensors, rebuild) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(_join(v, tensors) for v in obj)
+        return tuple(_join(v, tensors, rebuild) for v in obj)
     return obj
 
 
@@ -224,8 +235,11 @@ def copy_tensors(views: list[torch.Tensor], tensors: list[torch.Tensor]) -> None
         torch._foreach_copy_(list(dsts), list(srcs), non_blocking=True)
 
 
-def restore(snapshot: Snapshot, device: torch.device | str = "cpu") -> Any:
-    """Rebuild the nested state with fresh tensors (copies, safe to keep)."""
+def restore(
+    snapshot: Snapshot, device: torch.device | str = "cpu", rebuild: Rebuild = dtensor.no_meshes
+) -> Any:
+    """Rebuild the nested state with fresh tensors (copies, safe to keep); `rebuild` makes
+    a DTensor's shard a DTensor again (dtensor.rebuilder: on the job's live meshes)."""
     skeleton = SkeletonUnpickler(snapshot.skeleton, TensorRef).load()
     with warnings.catch_warnings():
         # A payload read from Ray's object store is read-only; every tensor below is a
@@ -241,14 +255,17 @@ def restore(snapshot: Snapshot, device: torch.device | str = "cpu") -> Any:
             t = raw[m.offset : m.offset + m.nbytes].view(dtype).view(m.shape).clone()
         target = m.device if m.device.startswith("cpu") else device
         tensors.append(t.to(target))
-    return _join(skeleton, tensors)
+    return _join(skeleton, tensors, rebuild)
 
 
 def state_digest(state_dict: dict[str, torch.Tensor]) -> str:
-    """sha256 over a state dict in sorted key order: name, dtype, shape, bytes."""
+    """sha256 over a state dict in sorted key order: name, dtype, shape, bytes. A DTensor
+    counts as its full tensor (gathered from its shards, a collective every rank of its
+    mesh makes in this same order), so a sharded model's digest is the digest of the same
+    model unsharded, whatever the world size."""
     h = hashlib.sha256()
     for name in sorted(state_dict):
-        t = state_dict[name].detach().cpu().contiguous()
+        t = dtensor.full_tensor(state_dict[name]).detach().cpu().contiguous()
         h.update(name.encode())
         h.update(str(t.dtype).encode())
         h.update(str(tuple(t.shape)).encode())
@@ -258,12 +275,13 @@ def state_digest(state_dict: dict[str, torch.Tensor]) -> str:
 
 def nested_digest(state: Any) -> str:
     """sha256 over any state dict (an optimizer's, nested): every tensor's path, dtype,
-    shape and bytes, every other leaf's path and repr, in a fixed order."""
+    shape and bytes (a DTensor's full tensor, as in state_digest), every other leaf's path
+    and repr, in a fixed order."""
     h = hashlib.sha256()
 
     def walk(obj: Any, path: str) -> None:
         if isinstance(obj, torch.Tensor):
-            t = obj.detach().cpu().contiguous()
+            t = dtensor.full_tensor(obj).detach().cpu().contiguous()
             h.update(f"{path}:{t.dtype}:{tuple(t.shape)}".encode())
             h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
         elif isinstance(obj, np.ndarray):  # its repr elides long arrays

@@ -27,6 +27,8 @@ TORCH_PRIVATE = {
     ),
     "_cleanup_process_group_global_state": (),
     "_update_default_pg": (),
+    "_register_process_group": (),
+    "_unregister_process_group": (),
 }
 
 
@@ -78,6 +80,15 @@ def require_torch() -> None:
                 f"recoverable process group needs it (tested: torch "
                 f"{'.'.join(map(str, TORCH_MIN))} and newer 2.x with it)"
             )
+    # Subgroups (DeviceMesh dimensions) are stalwart's only where torch hands new_group to
+    # a default group that implements it (worker/torch_group.py).
+    helper = getattr(c10d, "_new_group_with_tag", None)
+    if helper is None or "default_pg.new_group" not in inspect.getsource(helper):
+        raise UnsupportedDependency(
+            f"torch {found}: torch.distributed.new_group does not hand subgroup creation to "
+            "the default group; stalwart's abortable DeviceMesh groups need it (tested: "
+            f"torch {'.'.join(map(str, TORCH_MIN))})"
+        )
     if not hasattr(c10d, "_world") or not hasattr(c10d._world, "default_pg"):
         raise UnsupportedDependency(
             f"torch {found}: torch.distributed.distributed_c10d._world.default_pg is missing; "

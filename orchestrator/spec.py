@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from stalwart.orchestrator.spec_faults import (  # noqa: F401 (re-exported)
+    COLLECTIVE_FAULTS,
     PEER_FAULTS,
     ChaosSpec,
     CorruptShard,
@@ -451,6 +452,14 @@ class JobSpec(_Model):
             if fault.during == "snapshot" and fault.kind != "kill_worker":
                 raise ValueError(
                     f"chaos.faults.{i}.during: snapshot is for a kill_worker, not {fault.kind}"
+                )
+            if fault.in_collective is not None and (
+                fault.kind not in COLLECTIVE_FAULTS or fault.during is not None
+            ):
+                raise ValueError(
+                    f"chaos.faults.{i}.in_collective: only for "
+                    f"{', '.join(COLLECTIVE_FAULTS)} without `during`, not {fault.kind}"
+                    + (f" during {fault.during}" if fault.during else "")
                 )
             if fault.peer_of_rank is not None and fault.kind not in PEER_FAULTS:
                 raise ValueError(

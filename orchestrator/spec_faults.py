@@ -13,6 +13,7 @@ class _Model(BaseModel):
 
 
 PEER_FAULTS = ("kill_node", "drop_replicas", "gpu_xid")  # faults that may name peer_of_rank
+COLLECTIVE_FAULTS = ("kill_worker", "kill_node", "hang")  # faults that may fire in_collective
 
 
 class _FaultBase(_Model):
@@ -51,6 +52,16 @@ class _FaultBase(_Model):
         "durable checkpoint at or after at_step, after its first shard and before the "
         "manifest; or (snapshot: kill_worker only) while the rank hands over its snapshot "
         "of the first step at or after at_step, half of it copied to its node's memory",
+    )
+    in_collective: Literal["all_gather", "reduce_scatter", "all_reduce", "broadcast"] | None = (
+        Field(
+            None,
+            description="(kill_worker, kill_node, hang) fire inside the rank's first "
+            "collective of this kind at or after at_step, on whichever group it runs (an "
+            "FSDP2 all-gather or reduce-scatter of the shard dimension, HSDP's all-reduce "
+            "of the replicate one): a kill right after the rank issued its part, so that "
+            "its peers are in the middle of it; a hang just before, so that they wait in it",
+        )
     )
 
 

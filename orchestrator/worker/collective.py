@@ -28,7 +28,7 @@ backward.
 from __future__ import annotations
 
 import datetime
-import itertools
+import hashlib
 import threading
 import time
 from collections.abc import Callable
@@ -39,15 +39,24 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from stalwart.orchestrator.compat import require_torch
-from stalwart.orchestrator.worker.torch_group import AbortableProcessGroup
+from stalwart.orchestrator.worker.torch_group import KIND_OF, AbortableProcessGroup
 
 require_torch()  # the private helpers below: a clear error now, not in a recovery
 
-_names = itertools.count()
+# The default group's name, the same in every generation: DTensor caches sharding
+# decisions by mesh, and a mesh of an earlier generation compares equal to the one the loop
+# builds again on the same thread, so a cached decision may name the earlier mesh's groups.
+# With stable names (subgroups: ElasticGroup.subgroup) those resolve to this generation's.
+WORLD_NAME = "stalwart-world"
 
 
 class GroupAborted(RuntimeError):
     """Raised in the training thread when a recovery aborts the current process group."""
+
+
+class StaleGroup(RuntimeError):
+    """A subgroup (a DeviceMesh's, a ``dist.new_group``) of an earlier generation was used:
+    the loop kept it across a recovery instead of building it again (a user error)."""
 
 
 def _wrap_backend(
@@ -116,7 +125,7 @@ def install_default_group(pg: dist.ProcessGroup, store, backend: str, device: to
     previous = c10d._world.default_pg
     if previous is not None:
         forget_group(previous)
-    name = f"stalwart-{next(_names)}"
+    name = WORLD_NAME
     pg._set_group_name(name)
     c10d._register_pg_in_world(
         pg,
@@ -137,6 +146,20 @@ def forget_group(pg: dist.ProcessGroup) -> None:
         c10d._update_default_pg(None)
 
 
+def retire_group(pg: dist.ProcessGroup) -> None:
+    """Take a subgroup of a generation that is over out of torch.distributed's registries
+    (its name and tags go to the next generation's), except what lets a direct use of the
+    object (a loop that kept it) reach its own check and be refused with StaleGroup
+    rather than with torch's "not initialized in the world group map"."""
+    kept = c10d._world.pg_map.get(pg), c10d._world.pg_group_ranks.get(pg)
+    forget_group(pg)
+    c10d._unregister_process_group(pg.group_name)
+    if kept[0] is not None:
+        c10d._world.pg_map[pg] = kept[0]
+    if kept[1] is not None:
+        c10d._world.pg_group_ranks[pg] = kept[1]
+
+
 class ElasticGroup:
     """The current generation's process group behind a stable handle."""
 
@@ -148,6 +171,15 @@ class ElasticGroup:
         self._pending: dict[torch.futures.Future, float] = {}  # future -> issued at
         self._aborted: str | None = "not configured"
         self._graveyard: list[tuple[dist.ProcessGroup, dist.Backend]] = []
+        # This generation's subgroups (DeviceMesh dimensions, dist.new_group) and how many
+        # were made on each set of ranks (their names and store keys).
+        self._subgroups: list[tuple[AbortableProcessGroup, dist.Backend]] = []
+        self._made: dict[tuple[int, ...], int] = {}
+        self._store = None
+        self._hostname: str | None = None
+        self._timeout = datetime.timedelta(minutes=30)
+        # Chaos (in_collective): (kind, fire) for the next collective of that kind.
+        self._trap: tuple[str, Callable[[bool], None]] | None = None
         self.rank = 0
         self.world_size = 1
         self.generation = 0
@@ -186,16 +218,107 @@ class ElasticGroup:
             ready=lambda: self._group(generation),
             track=self._own,
             new_future=self.new_future,
+            subgroup=self.subgroup,
+            observe=self._on_collective,
         )
         owned.elastic = self  # a DDP built on it reduces through this (worker/torchrun.py)
         with self._lock:
             if self._pg is not None:
                 self._graveyard.append((self._pg, self._backend))
+            for sub, sub_backend in self._subgroups:
+                retire_group(sub)  # not shut down: its threads may be blocked on a socket
+                self._graveyard.append((sub, sub_backend))
+            self._subgroups, self._made = [], {}
+            self._trap = None  # armed in the generation that is over
             install_default_group(owned, store, backend, device)
             self._pg, self._backend, self._torch_pg = pg, be, owned
             self.rank, self.world_size, self.generation = rank, world_size, generation
             self.backend = backend
+            self._store, self._hostname, self._timeout = store, hostname, timeout
             self._aborted = None
+
+    def subgroup(
+        self,
+        ranks: list[int],
+        timeout: datetime.timedelta | None,
+        group_name: str | None,
+        group_desc: str | None,
+    ) -> AbortableProcessGroup | None:
+        """This generation's group of `ranks` (torch.distributed.new_group, a DeviceMesh
+        dimension): a gloo/NCCL group on the generation's store whose collectives are
+        abortable and end with the generation; None where this rank is not in `ranks`.
+
+        Its name and store keys come from the ranks and how many groups of those ranks the
+        generation made before, not from torch's group counter: a replacement's fresh
+        process and a survivor have made different numbers of groups, yet must meet; and
+        the group of the same ranks has the same name in every generation (WORLD_NAME
+        says why), registered under it besides torch's own name for it."""
+        ranks = [int(r) for r in ranks]
+        with self._lock:
+            generation, store, rank = self.generation, self._store, self.rank
+            n = self._made.get(tuple(ranks), 0)
+            self._made[tuple(ranks)] = n + 1
+        if rank not in ranks:
+            return None
+        tag = hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:16]
+        name = f"stalwart-{tag}-{n}"
+        sub_store = dist.PrefixStore(f"subgroup/{name}", store)
+        # A collective stuck past stalwart's own timeout is a hang the supervisor finds.
+        wait = min(timeout, self._timeout) if timeout is not None else self._timeout
+        pg, be, registered = _wrap_backend(
+            sub_store,
+            ranks.index(rank),
+            len(ranks),
+            self.backend,
+            wait,
+            self.device,
+            self._hostname,
+        )
+        owned = AbortableProcessGroup(
+            pg,
+            registered,
+            self.backend,
+            ready=lambda: self._sub_ready(generation, ranks),
+            track=self._own,
+            new_future=self.new_future,
+            observe=self._on_collective,
+        )
+        owned._set_group_name(name)
+        if group_desc is not None:
+            owned._set_group_desc(group_desc)
+        with self._lock:
+            if generation != self.generation:  # a recovery began meanwhile
+                raise GroupAborted(f"generation {generation} is over")
+            c10d._register_process_group(name, owned)
+            self._subgroups.append((owned, be))
+        return owned
+
+    def arm(self, kind: str, fire: Callable[[bool], None]) -> None:
+        """Chaos (in_collective): call `fire(issued)` around this rank's next collective of
+        `kind` ("all_gather", ...), on any group, before it is issued and after; `fire`
+        acts on one of the two (a hang before, a kill after) and never returns there."""
+        self._trap = (kind, fire)
+
+    def _on_collective(self, method: str, issued: bool) -> None:
+        trap = self._trap
+        if trap is None or KIND_OF.get(method) != trap[0]:
+            return
+        if issued:
+            self._trap = None
+        trap[1](issued)
+
+    def _sub_ready(self, generation: int, ranks: list[int]) -> None:
+        with self._lock:
+            if self._aborted is not None and generation == self.generation:
+                raise GroupAborted(self._aborted)
+            if generation != self.generation:
+                raise StaleGroup(
+                    f"a process group of ranks {_brief(ranks)} made in generation "
+                    f"{generation} was used in generation {self.generation}: a recovery "
+                    "calls train_loop again with new process groups, so build the "
+                    "DeviceMesh (init_device_mesh) and any dist.new_group inside train_loop, "
+                    "not once outside it"
+                )
 
     def new_future(self) -> torch.futures.Future:
         """A future for this group's results: on CUDA one that records the streams its
@@ -211,9 +334,11 @@ class ElasticGroup:
             self._aborted = reason
             pending, self._pending = list(self._pending), {}
             backend = self._backend
+            subgroups = [be for _, be in self._subgroups]
         if backend is not None and self.backend == "nccl":
             # NCCL kernels stuck on the GPU must be aborted too, or the stream never drains.
-            backend.abort()
+            for be in [backend, *subgroups]:
+                be.abort()
         for fut in pending:
             if not fut.done():
                 fut.set_exception(GroupAborted(reason))
@@ -342,6 +467,10 @@ class FlatGradReducer:
                 fut.set_result(bucket.buffer())
 
         reduced.add_done_callback(scatter)
+
+
+def _brief(ranks: list[int]) -> str:
+    return f"[{', '.join(map(str, ranks[:8]))}{', ...' if len(ranks) > 8 else ''}]"
 
 
 def flat_hook(state, bucket):

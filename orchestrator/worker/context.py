@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from stalwart.ckpt import dtensor
+from stalwart.ckpt.fsdp import sharded_views
 from stalwart.ckpt.pipeline import SnapshotPipeline
 from stalwart.ckpt.ring_pipeline import RingPipeline
 from stalwart.ckpt.sharded import rank_local_view
@@ -185,7 +187,8 @@ class TrainContext:
         self._fetch: Callable[[int], Snapshot | None] = lambda step: None
         self._on_fault = on_fault
         self._on_step = on_step
-        self._objects: dict[str, Any] = {}
+        self._objects: dict[str, Any] = {}  # name -> what the loop registered
+        self._views: dict[str, Any] = {}  # name -> what is checkpointed for it
         self._unguard: dict[str, Callable[[], None]] = {}  # name -> removes its GPU guard
         self._ddp: dict[int, torch.nn.Module] = {}
         self._restore_step: int | None = None
@@ -193,7 +196,7 @@ class TrainContext:
         self._interrupt: str | None = None
         self._slow = 1.0  # chaos: compute time multiplier
         self.progress = Progress()
-        self.divergence = DivergenceGuard(divergence_every, self.all_reduce)
+        self.divergence = DivergenceGuard(divergence_every, self._all_reduce_on)
         self._on_warning = on_warning
         self._output_dir = output_dir
         self._checked_exactness = False
@@ -245,7 +248,7 @@ class TrainContext:
         self._restore_step = restore_step
         self._faults = [f for f in faults if f["rank"] == self.rank]
         self._interrupt = None
-        self._objects = {}
+        self._objects, self._views = {}, {}
         self.progress.recent.clear()
         self.progress.restored_at = None
         self.progress.first_step_done_at = None
@@ -264,9 +267,15 @@ class TrainContext:
         """Objects whose state_dict()/load_state_dict() make up this rank's checkpoint.
 
         A sharded optimizer (ZeroRedundancyOptimizer) is checkpointed as this rank's shard
-        only, and restored only into the same rank of the same world (ckpt/sharded.py)."""
+        only, and restored only into the same rank of the same world (ckpt/sharded.py). A
+        sharded model (FSDP2's fully_shard, HSDP) and its optimizer are checkpointed as
+        this rank's DTensor shards, keyed by parameter FQN (ckpt/fsdp.py)."""
         for name, obj in objects.items():
-            self._objects[name] = rank_local_view(stateful(name, obj))
+            self._objects[name] = stateful(name, obj)
+        self._views = {
+            name: rank_local_view(view) for name, view in sharded_views(self._objects).items()
+        }
+        for name, obj in objects.items():
             if name in self._unguard:  # registered again (a recovery re-runs the loop)
                 self._unguard.pop(name)()
             guard = getattr(self._pipeline, "guard", None)
@@ -327,6 +336,14 @@ class TrainContext:
             self.group.all_reduce(tensor, ops[op])
         if op == "mean":
             tensor.div_(self.world_size)
+        return tensor
+
+    def _all_reduce_on(self, tensor: torch.Tensor, op: str, group: Any) -> torch.Tensor:
+        """ctx.all_reduce on `group` (a mesh dimension's), or on every rank for None."""
+        if group is None:
+            return self.all_reduce(tensor, op)
+        ops = {"max": torch.distributed.ReduceOp.MAX, "min": torch.distributed.ReduceOp.MIN}
+        torch.distributed.all_reduce(tensor, ops[op], group=group)
         return tensor
 
     def report(self, **metrics: float) -> None:
@@ -396,7 +413,7 @@ class TrainContext:
     def _state(self, step: int) -> dict[str, Any]:
         return {
             "step": step,
-            "objects": {name: obj.state_dict() for name, obj in self._objects.items()},
+            "objects": {name: obj.state_dict() for name, obj in self._views.items()},
             "rng": capture_rng(),
             # The counters roll back with the restore: redone steps are not counted twice.
             "counters": {"samples": self.progress.samples, "tokens": self.progress.tokens},
@@ -430,17 +447,22 @@ class TrainContext:
                 "the copy is corrupt: its bytes do not match the checksum taken when it "
                 "was handed over",
             )
+        # DTensor shards go back onto the meshes the loop built again in this generation.
+        rebuild = dtensor.rebuilder(dtensor.meshes_of(self._objects.values()))
         try:
-            state = restore(snap, self.device)
+            state = restore(snap, self.device, rebuild)
+        except dtensor.MeshChanged:
+            raise
         except Exception as e:
             raise RestoreFailed(step, f"it does not load: {type(e).__name__}: {e}") from None
-        for name, obj in self._objects.items():
+        for name, view in self._views.items():
             if name not in state["objects"]:
                 raise RuntimeError(
                     f"rank {self.rank}: checkpoint has no {name!r}; registered objects changed "
                     f"between generations ({sorted(state['objects'])})"
                 )
-            obj.load_state_dict(state["objects"][name])
+            view.load_state_dict(state["objects"][name])
+            obj = self._objects[name]
             if isinstance(obj, torch.nn.Module):
                 obj.zero_grad(set_to_none=True)
         apply_rng(state["rng"])
@@ -463,8 +485,23 @@ class TrainContext:
             if fault["at_step"] == step or (fault.get("live") and step >= fault["at_step"]):
                 if fault.get("live"):
                     self._faults.remove(fault)
+                if fault.get("in_collective"):
+                    self._arm(fault, step)
+                    continue
                 # The worker carries it out; kill_worker, kill_node and hang never return.
                 self._on_fault({**fault, "at": time.time(), "step": step})
+
+    def _arm(self, fault: dict[str, Any], step: int) -> None:
+        """An in_collective fault: carried out inside this rank's next collective of its
+        kind, a hang before the rank issues it, a kill after."""
+        self._faults = [f for f in self._faults if f is not fault]
+        before = fault["kind"] == "hang"
+
+        def fire(issued: bool) -> None:
+            if issued != before:
+                self._on_fault({**fault, "at": time.time(), "step": step})
+
+        self.group.arm(fault["in_collective"], fire)
 
     def poison(self) -> None:
         """Chaos nan_loss: one weight of each registered module becomes NaN."""
@@ -477,10 +514,16 @@ class TrainContext:
             raise ValueError("chaos nan_loss: this rank registered no module with weights")
         with torch.no_grad():
             for w in weights:
-                w.view(-1)[0] = float("nan")
+                # A DTensor's own shard (the rank may hold none of it: another's does).
+                local = dtensor.local_shard(w) if dtensor.is_dtensor(w) else w
+                if local.numel():
+                    local.view(-1)[0] = float("nan")
 
     def model_digest(self) -> str | None:
-        model = self._objects.get("model")
+        """The registered model's digest: its state dict's (ckpt/snapshot.state_digest); a
+        sharded model's counts its full tensors (gathered one at a time: every rank calls
+        this, in the same order), so it is the digest of the same model unsharded."""
+        model = self._views.get("model")
         if model is None:
             return None
         sd = model.state_dict()
@@ -492,7 +535,7 @@ class TrainContext:
         """A digest of every registered object's state (a DDP's without `module.`): what
         `stalwart verify` and the chaos oracle compare, object by object."""
         out = {}
-        for name, obj in self._objects.items():
+        for name, obj in self._views.items():
             if isinstance(obj, torch.nn.parallel.DistributedDataParallel):
                 obj = obj.module
             out[name] = nested_digest(obj.state_dict())

@@ -8,8 +8,10 @@ the ranks all-reduce the sums twice, with MAX and MIN: where they disagree, the 
 differ. Buffers are not compared: under DDP's ``broadcast_buffers`` they legitimately
 differ after a step (DDP copies rank 0's at the start of the next forward).
 
-A sharded module (each rank holding its own part: FSDP) has no replicas to compare: set
-``health.divergence_every_steps: 0``.
+A sharded model's parameters (DTensors: FSDP2, HSDP) are compared among the ranks that
+should hold the same values: the local shards along each Replicate dimension of their mesh
+(HSDP's replicate dimension), over that dimension's group. A shard no other rank holds
+(FSDP2 on a 1-D mesh) has nothing to be compared with.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+
+from stalwart.ckpt import dtensor
 
 _INT_OF_SIZE = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
@@ -42,7 +46,7 @@ def fingerprint(params: list[tuple[str, torch.Tensor]], device: torch.device) ->
     """One int64 per tensor: the sum of its elements' bits; any changed element changes it."""
     sums = []
     for _, p in params:
-        t = p.detach()
+        t = dtensor.local_shard(p) if dtensor.is_dtensor(p) else p.detach()
         if not t.is_contiguous():
             t = t.contiguous()
         if t.numel() == 0:
@@ -55,10 +59,28 @@ def fingerprint(params: list[tuple[str, torch.Tensor]], device: torch.device) ->
     return torch.stack([s.to(device) for s in sums])
 
 
-class DivergenceGuard:
-    """`all_reduce(tensor, op)` is the job's (abortable) collective; `every` 0 = off."""
+def replica_groups(params: list[tuple[str, torch.Tensor]]) -> list[tuple[Any, list[int]]]:
+    """(group, indices into `params`) for each set of ranks that must agree: None is the
+    whole job (a plain parameter, replicated by DDP), else a DTensor mesh dimension's group
+    along which the parameter is replicated. In parameter order, so that every rank issues
+    its collectives in the same order."""
+    groups: dict[int, tuple[Any, list[int]]] = {}
+    for i, (_, p) in enumerate(params):
+        if not dtensor.is_dtensor(p):
+            groups.setdefault(0, (None, []))[1].append(i)
+            continue
+        for dim, placement in enumerate(p.placements):
+            if placement.is_replicate():
+                group = p.device_mesh.get_group(dim)
+                groups.setdefault(id(group), (group, []))[1].append(i)
+    return list(groups.values())
 
-    def __init__(self, every: int, all_reduce: Callable[[torch.Tensor, str], torch.Tensor]):
+
+class DivergenceGuard:
+    """`all_reduce(tensor, op, group)` is the job's (abortable) collective on `group` (None:
+    every rank); `every` 0 = off."""
+
+    def __init__(self, every: int, all_reduce: Callable[[torch.Tensor, str, Any], torch.Tensor]):
         self.every = every
         self._all_reduce = all_reduce
         self.checks = 0
@@ -71,14 +93,17 @@ class DivergenceGuard:
         """Raise ReplicaDivergence when the ranks' parameters differ after `step` steps."""
         t0 = time.perf_counter()
         params = named_parameters(objects)
-        mine = fingerprint(params, device)
-        high, low = mine.clone(), mine.clone()
-        self._all_reduce(high, "max")
-        self._all_reduce(low, "min")
+        differ: list[int] = []
+        for group, indices in replica_groups(params):
+            mine = fingerprint([params[i] for i in indices], device)
+            high, low = mine.clone(), mine.clone()
+            self._all_reduce(high, "max", group)
+            self._all_reduce(low, "min", group)
+            differ += [indices[i] for i in (high != low).nonzero().flatten().tolist()]
         self.checks += 1
         self.seconds += time.perf_counter() - t0
-        differ = (high != low).nonzero().flatten().tolist()
         if differ:
+            differ = sorted(set(differ))
             names = [params[i][0] for i in differ]
             shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
             raise ReplicaDivergence(
@@ -86,6 +111,6 @@ class DivergenceGuard:
                 f"after each generation's first step and every {self.every} steps): {shown}. "
                 "Data-parallel replicas must stay identical: wrap the model in "
                 "DistributedDataParallel (or ctx.prepare_model) and keep rank-dependent code "
-                "out of the update; a sharded model is not compared "
-                "(health.divergence_every_steps: 0)"
+                "out of the update (a sharded model's shards are compared along the mesh's "
+                "replicate dimension only)"
             )

@@ -10,6 +10,13 @@ like DDP's reducer included) that hands each call to the generation's real gloo/
 and returns a Work whose future stalwart owns: the recovery's abort fails it at once, and
 the blocked rank unwinds as it does from ``ctx.all_reduce``.
 
+Subgroups (``dist.new_group``, and every DeviceMesh a loop builds with
+``init_device_mesh``) are made the same way: torch hands ``new_group`` to a default group
+that implements it, and ours returns another AbortableProcessGroup on a gloo/NCCL group of
+the generation's store, so a rank blocked in a subgroup's collective (an FSDP2
+reduce-scatter on the shard dimension, an HSDP all-reduce on the replicate one) is
+released by the same abort.
+
 A Work that has no future (gloo's reduce_scatter, for one) is waited for by the group's
 completion thread, in issue order (a group's collectives complete in that order). That
 thread may stay blocked on a dead peer's socket after an abort; like the old group itself,
@@ -105,6 +112,8 @@ class AbortableProcessGroup(dist.ProcessGroup):
         ready: Callable[[], object],
         track: Callable[[torch.futures.Future], torch.futures.Future],
         new_future: Callable[[], torch.futures.Future] = torch.futures.Future,
+        subgroup: Callable[..., dist.ProcessGroup | None] | None = None,
+        observe: Callable[[str, bool], None] | None = None,
     ):
         super().__init__(inner.rank(), inner.size())
         self.inner = inner
@@ -114,11 +123,29 @@ class AbortableProcessGroup(dist.ProcessGroup):
         self._new_future = new_future
         self._waits: queue.Queue | None = None
         self._lock = threading.Lock()
+        self._subgroup = subgroup
+        self._observe = observe  # (method, issued?): before and after each collective
         # The real backends, registered here too: torch asks a group for its backend by
         # device (DDP's logger, ProcessGroup.abort, NCCL's stream handling).
         for device, kind, be in backends:
             self._register_backend(device, kind, be)
         self._set_default_backend(backends[0][1])
+
+    def new_group(
+        self,
+        ranks: list[int],
+        timeout: Any = None,
+        pg_options: Any = None,
+        group_name: str | None = None,
+        group_desc: str | None = None,
+    ) -> dist.ProcessGroup | None:
+        """torch.distributed.new_group on this (the default) group: torch hands subgroup
+        creation to a default group that has this method, so every DeviceMesh dimension's
+        group and every ``dist.new_group`` is one of ours, abortable and tied to the
+        generation (ElasticGroup.subgroup). None where this rank is not a member."""
+        if self._subgroup is None:
+            raise RuntimeError("this process group makes no subgroups (only the default one)")
+        return self._subgroup(ranks, timeout, group_name, group_desc)
 
     def getBackendName(self) -> str:  # torch's name for it
         return self._backend_name
@@ -145,6 +172,29 @@ class AbortableProcessGroup(dist.ProcessGroup):
         return fut
 
 
+# The kinds a chaos fault may fire in (spec: in_collective), by the methods that do them.
+KINDS = {
+    "all_gather": (
+        "allgather",
+        "allgather_coalesced",
+        "allgather_into_tensor_coalesced",
+        "all_gather_single",
+        "all_gather_single_coalesced",
+        "_allgather_base",
+    ),
+    "reduce_scatter": (
+        "reduce_scatter",
+        "reduce_scatter_single",
+        "reduce_scatter_single_coalesced",
+        "reduce_scatter_tensor_coalesced",
+        "_reduce_scatter_base",
+    ),
+    "all_reduce": ("allreduce", "allreduce_coalesced"),
+    "broadcast": ("broadcast",),
+}
+KIND_OF = {method: kind for kind, methods in KINDS.items() for method in methods}
+
+
 def _complete(waits: queue.Queue) -> None:
     while True:
         work, fut = waits.get()
@@ -162,7 +212,13 @@ def _complete(waits: queue.Queue) -> None:
 def _forward(method: str) -> Callable[..., dist.Work]:
     def collective(self: AbortableProcessGroup, *args: Any, **kwargs: Any) -> dist.Work:
         self._ready()
-        return self._owned(getattr(self.inner, method)(*args, **kwargs))
+        observe = self._observe
+        if observe is not None:
+            observe(method, False)
+        work = self._owned(getattr(self.inner, method)(*args, **kwargs))
+        if observe is not None:
+            observe(method, True)
+        return work
 
     collective.__name__ = collective.__qualname__ = method
     return collective

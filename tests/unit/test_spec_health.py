@@ -197,6 +197,7 @@ def test_new_fault_kinds_parse(fault, cls):
     assert parsed.model_dump() == {
         "after_commit": False,
         "during": None,
+        "in_collective": None,
         "peer_of_rank": None,
         **fault,
     }
