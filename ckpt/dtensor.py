@@ -6,7 +6,8 @@ takes the local shard (no all-gather on the training step) and records in the sk
 what puts it back exactly: the mesh (its device type, shape, dimension names and rank
 layout), the placements, the global shape and stride, and where the shard starts in the
 global tensor (for assembling the full tensor from every rank's shards offline, and for
-DCP's chunk metadata).
+DCP's chunk metadata: ckpt/dcp_format.py), and whether this rank is the one of the
+replicas of that chunk that writes it to durable storage.
 
 A restore rebuilds each DTensor from its shard on the live mesh with the same key: the
 mesh the loop built again in this generation, found among the registered objects' own
@@ -49,6 +50,9 @@ class ShardRef:
     shape: tuple[int, ...]  # the global tensor's
     stride: tuple[int, ...]
     offset: tuple[int, ...]  # where the local shard starts in the global tensor
+    # First along the mesh's dimensions that do not shard it (HSDP's replicate one): the
+    # one rank of those holding this same chunk that writes it to durable storage.
+    primary: bool = True
 
 
 def dtensor_type() -> type | None:
@@ -79,12 +83,17 @@ def _spec_fields(spec: Any) -> tuple:
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     _, offset = compute_local_shape_and_global_offset(spec.shape, spec.mesh, spec.placements)
+    coordinate = spec.mesh.get_coordinate() or [0] * len(spec.placements)
+    primary = all(
+        c == 0 for c, p in zip(coordinate, spec.placements, strict=True) if not p.is_shard()
+    )
     return (
         mesh_key(spec.mesh),
         tuple(encode_placement(p) for p in spec.placements),
         tuple(spec.shape),
         tuple(spec.stride),
         tuple(int(o) for o in offset),
+        primary,
     )
 
 

@@ -4,33 +4,33 @@ memory://, ...), which outlive every node of the job.
 Layout under ``<uri>/<job>/``::
 
     step-000000000040/
-        rank-00000.safetensors    one file per rank, written by that rank's store
-        rank-00001.safetensors
-        manifest.json             written last, once every shard is in place
+        __0_0.distcp              one file per rank (DCP's names), written by a node
+        __1_0.distcp              holding that rank's shard in memory
+        .metadata                 DCP's index of the step
+        manifest.json             written last, once every file is in place
 
-A shard file is a valid safetensors file holding one tensor, ``payload`` (dtype U8, the
-snapshot's flat buffer); its ``__metadata__`` carries the format tag
-(``stalwart-shard-1``), the job, step and rank, the pickled skeleton (base64) and the tensor
-layout (JSON). Any safetensors reader can open it; ``restore`` needs only this module and
-``ckpt.snapshot`` (the skeleton goes through its allow-listed unpickler, nothing else is
-unpickled, ``torch.load`` is never used).
+Each step directory is a DCP checkpoint (ckpt/dcp_format.py): ``dcp.load`` reads it without
+stalwart. Steps written before (one safetensors file per rank, ``stalwart-manifest-1``:
+ckpt/legacy_shard.py) are still read.
 
 Guarantees:
 
 * A step is complete exactly when its ``manifest.json`` exists. The manifest lists every
-  rank's shard with its size and sha256; it is written after all shards, in one atomic step
-  (a local temp file, fsync, rename; on an object store one put). A step directory without
-  a manifest is a partial checkpoint (a writer died) and is never used.
-* No file ever has its final name half-written on a local file system: shards and manifests
-  are written to a hidden temp name in the same directory, fsynced, then renamed. On other
-  file systems (object stores, whose puts are atomic) they are written to the final name and
-  removed again, best effort, when the write fails; a partial object there is harmless, as
-  no manifest lists it.
+  file with its size and sha256 (and every blob in them with its own); it is written after
+  all of them, in one atomic step (a local temp file, fsync, rename; on an object store one
+  put). A step directory without a manifest is a partial checkpoint (a writer died) and is
+  never used.
+* No file ever has its final name half-written on a local file system: data files,
+  ``.metadata`` and manifests are written to a hidden temp name in the same directory,
+  fsynced, then renamed. On other file systems (object stores, whose puts are atomic) they
+  are written to the final name and removed again, best effort, when the write fails; a
+  partial object there is harmless, as no manifest lists it.
 * Reads verify before they trust: ``verify`` checks the manifest against the job, step,
-  world size and the shard files (presence, size, and with ``deep`` the sha256), and
-  ``read_shard`` hashes the bytes it read before it parses the header. Anything wrong raises
-  ``CorruptCheckpoint`` with a one-line reason; ``newest_valid`` walks back to the newest
-  step that verifies and says why each newer one was skipped.
+  world size and the files (presence, size, and with ``deep`` the sha256), and
+  ``read_shard`` checks every blob it reads against its sha256 before it parses it. Nothing
+  is unpickled but through allow-lists (the skeleton's; tensors with ``weights_only``).
+  Anything wrong raises ``CorruptCheckpoint`` with a one-line reason; ``newest_valid``
+  walks back to the newest step that verifies and says why each newer one was skipped.
 * I/O errors (``OSError``, ENOSPC included) are retried with exponential backoff; when the
   retries are used up ``DurableError`` names the path and the last error. A missing file is
   not an I/O error: it is a verification failure, reported at once.
@@ -38,136 +38,40 @@ Guarantees:
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
+import functools
 import hashlib
-import json
 import logging
-import math
 import os
 import posixpath
 import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
-import torch
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from stalwart.ckpt.snapshot import Snapshot, TensorMeta
+from stalwart.ckpt import dcp_format, legacy_shard
+from stalwart.ckpt.dcp_format import CheckpointMismatch, rebuild_snapshot
+from stalwart.ckpt.hashed_io import CHUNK, hash_rest  # noqa: F401 (CHUNK: re-exported)
+from stalwart.ckpt.manifest import (  # noqa: F401 (the durable tier's names, re-exported)
+    MANIFEST_FORMAT,
+    MANIFEST_NAME,
+    CorruptCheckpoint,
+    DurableError,
+    Manifest,
+    RankLayout,
+    ShardRecord,
+)
+from stalwart.ckpt.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
-SHARD_FORMAT = "stalwart-shard-1"
-MANIFEST_FORMAT = "stalwart-manifest-1"
-MANIFEST_NAME = "manifest.json"
-CHUNK = 4 << 20  # bytes per write/read/hash call: streams a 1 GB payload without copying it
-MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
-
 _STEP_DIR = re.compile(r"step-(\d+)")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _T = TypeVar("_T")
-
-
-class DurableError(Exception):
-    """A write or read failed after retries (message names the path and the cause)."""
-
-
-class CorruptCheckpoint(Exception):
-    """A checkpoint failed verification: ``step`` is the step, ``reason`` what is wrong,
-    ``where`` its step directory."""
-
-    def __init__(self, step: int, reason: str, where: str = ""):
-        super().__init__(step, reason, where)
-        self.step = step
-        self.reason = reason
-        self.where = where
-
-    def __str__(self) -> str:
-        place = self.where or f"step-{self.step:012d}"
-        return f"checkpoint step {self.step} ({place}) is unusable: {self.reason}"
-
-
-@dataclass(frozen=True)
-class ShardRecord:
-    rank: int
-    file: str  # relative to the step directory
-    nbytes: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class Manifest:
-    job: str
-    step: int
-    world_size: int
-    shards: tuple[ShardRecord, ...]
-    created_at: float
-    extra: dict = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "format": MANIFEST_FORMAT,
-                "job": self.job,
-                "step": self.step,
-                "world_size": self.world_size,
-                "shards": [
-                    {"rank": s.rank, "file": s.file, "nbytes": s.nbytes, "sha256": s.sha256}
-                    for s in self.shards
-                ],
-                "created_at": self.created_at,
-                "extra": self.extra,
-            },
-            indent=1,
-        )
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Manifest:
-        """Parse a manifest; ValueError says what is wrong with it."""
-        try:
-            doc = json.loads(text)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"not JSON ({e})") from None
-        if not isinstance(doc, dict):
-            raise ValueError("not a JSON object")
-        if doc.get("format") != MANIFEST_FORMAT:
-            raise ValueError(f"format is {doc.get('format')!r}, expected {MANIFEST_FORMAT!r}")
-        job = _field(doc, "job", str)
-        step = _field(doc, "step", int)
-        world_size = _field(doc, "world_size", int)
-        created_at = _field(doc, "created_at", (int, float))
-        extra = _field(doc, "extra", dict)
-        shards = []
-        for i, s in enumerate(_field(doc, "shards", list)):
-            if not isinstance(s, dict):
-                raise ValueError(f"shards[{i}] is not an object")
-            sha = _field(s, "sha256", str, f"shards[{i}].")
-            if not _SHA256.fullmatch(sha):
-                raise ValueError(f"shards[{i}].sha256 is not a sha256 hex digest")
-            shards.append(
-                ShardRecord(
-                    _field(s, "rank", int, f"shards[{i}]."),
-                    _field(s, "file", str, f"shards[{i}]."),
-                    _field(s, "nbytes", int, f"shards[{i}]."),
-                    sha,
-                )
-            )
-        return cls(job, step, world_size, tuple(shards), float(created_at), extra)
-
-
-def _field(doc: dict, key: str, kind, prefix: str = "") -> Any:
-    if key not in doc:
-        raise ValueError(f"{prefix}{key} is missing")
-    value = doc[key]
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise ValueError(f"{prefix}{key} is {value!r}, of the wrong type")
-    return value
 
 
 def parse_uri(uri: str) -> tuple[Any, str]:
@@ -178,52 +82,12 @@ def parse_uri(uri: str) -> tuple[Any, str]:
     return fs, root
 
 
-def shard_name(rank: int) -> str:
-    return f"rank-{rank:05d}.safetensors"
-
-
 def step_name(step: int) -> str:
     return f"step-{step:012d}"
 
 
 def _join(*parts: str) -> str:
     return posixpath.join(*[p for p in parts if p])
-
-
-def _flat_bytes(payload: Any) -> memoryview:
-    """The payload's bytes as a flat memoryview, without copying a CPU buffer."""
-    if isinstance(payload, torch.Tensor):
-        payload = payload.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
-    arr = np.ascontiguousarray(payload).reshape(-1)
-    if arr.dtype != np.uint8:
-        arr = arr.view(np.uint8)
-    return memoryview(arr).cast("B")
-
-
-def _shard_header(job: str, step: int, rank: int, snapshot: Snapshot, size: int) -> bytes:
-    metas = [
-        {
-            "offset": m.offset,
-            "nbytes": m.nbytes,
-            "dtype": m.dtype,
-            "shape": list(m.shape),
-            "device": m.device,
-        }
-        for m in snapshot.metas
-    ]
-    header = {
-        "payload": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]},
-        "__metadata__": {
-            "format": SHARD_FORMAT,
-            "job": job,
-            "step": str(step),
-            "rank": str(rank),
-            "skeleton": base64.b64encode(bytes(snapshot.skeleton)).decode("ascii"),
-            "metas": json.dumps(metas, separators=(",", ":")),
-        },
-    }
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    return raw + b" " * (-len(raw) % 8)
 
 
 def _fsync_dir(path: str) -> None:
@@ -234,35 +98,6 @@ def _fsync_dir(path: str) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def _read_into(f, mv: memoryview, h) -> int:
-    """Fill `mv` from `f` (hashing what was read); returns the bytes read (short at EOF)."""
-    readinto = getattr(f, "readinto", None)
-    pos = 0
-    while pos < len(mv):
-        want = min(CHUNK, len(mv) - pos)
-        if readinto is not None:
-            got = readinto(mv[pos : pos + want]) or 0
-        else:
-            data = f.read(want)
-            got = len(data)
-            mv[pos : pos + got] = data
-        if not got:
-            break
-        h.update(mv[pos : pos + got])
-        pos += got
-    return pos
-
-
-def _hash_rest(f, h) -> int:
-    buf = memoryview(bytearray(CHUNK))
-    total = 0
-    while got := _read_into(f, buf, h):
-        total += got
-        if got < len(buf):
-            break
-    return total
 
 
 class DurableStore:
@@ -392,51 +227,95 @@ class DurableStore:
                 self.fs.rm_file(path)
             raise
 
-    def write_shard(self, step: int, rank: int, snapshot: Snapshot) -> ShardRecord:
-        """Write `rank`'s shard of `step` (streamed, hashed while written)."""
+    def write_rank(self, step: int, rank: int, snapshot: Snapshot) -> dict[str, Any]:
+        """Write `rank`'s file of `step` as DCP lays it out (ckpt/dcp_format.py; hashed as
+        written). Returns what `write_manifest` needs of it (plain values)."""
         if snapshot.step != step:
             raise ValueError(f"snapshot is of step {snapshot.step}, not {step}")
-        data = _flat_bytes(snapshot.payload)
-        header = _shard_header(self.job, step, rank, snapshot, len(data))
-        name = shard_name(rank)
+        plan = dcp_format.plan_rank(snapshot, rank)
+        path = _join(self.step_dir(step), dcp_format.rank_file(rank))
+
+        def produce(f) -> dict[str, Any]:
+            return dcp_format.write_rank(f.write, snapshot, plan, rank)
+
+        return self._retry("writing shard", path, lambda: self._write(path, produce))
+
+    def write_shard(self, step: int, rank: int, snapshot: Snapshot) -> ShardRecord:
+        """Write `rank`'s shard of `step` in format 1 (ckpt/legacy_shard.py: what steps
+        written before DCP hold; kept for making such steps to read)."""
+        if snapshot.step != step:
+            raise ValueError(f"snapshot is of step {snapshot.step}, not {step}")
+        name = legacy_shard.shard_name(rank)
         path = _join(self.step_dir(step), name)
 
         def produce(f) -> ShardRecord:
-            h = hashlib.sha256()
-            for piece in (len(header).to_bytes(8, "little"), header):
-                f.write(piece)
-                h.update(piece)
-            for pos in range(0, len(data), CHUNK):
-                chunk = data[pos : pos + CHUNK]
-                f.write(chunk)
-                h.update(chunk)
-            return ShardRecord(rank, name, 8 + len(header) + len(data), h.hexdigest())
+            nbytes, sha = legacy_shard.write_shard_file(f, self.job, step, rank, snapshot)
+            return ShardRecord(rank, name, nbytes, sha)
 
         return self._retry("writing shard", path, lambda: self._write(path, produce))
 
     def write_manifest(
-        self, step: int, world_size: int, shards: list[ShardRecord], extra: dict | None = None
+        self,
+        step: int,
+        world_size: int,
+        shards: list[ShardRecord] | None = None,
+        extra: dict | None = None,
+        writes: list[dict[str, Any]] | None = None,
     ) -> Manifest:
-        """Mark `step` complete. Call it last, after every rank's shard was written."""
-        ordered = tuple(sorted(shards, key=lambda s: s.rank))
+        """Mark `step` complete. Call it last, after every rank's file was written: `writes`
+        (the ranks' `write_rank` answers: DCP's ``.metadata`` is written first, then the
+        manifest) or, for format 1, `shards`."""
+        layouts: tuple[RankLayout, ...] = ()
+        dcp = None
+        sharded = False
+        if writes is not None:
+            shards = [ShardRecord(**w["record"]) for w in writes]
+        ordered = tuple(sorted(shards or (), key=lambda s: s.rank))
         ranks = [s.rank for s in ordered]
         if ranks != list(range(world_size)):
             raise ValueError(f"shards of ranks {ranks}, expected 0..{world_size - 1}")
-        manifest = Manifest(self.job, step, world_size, ordered, time.time(), dict(extra or {}))
+        if writes is not None:
+            entries, planner, merged, sharded = dcp_format.merge(writes)
+            layouts = tuple(merged)
+            where = self._show(self.step_dir(step))
+            index = dcp_format.metadata_bytes(entries, planner, where)
+            path = _join(self.step_dir(step), dcp_format.METADATA_NAME)
+            self._put("writing DCP metadata", step, path, index)
+            dcp = {
+                "metadata": {
+                    "file": dcp_format.METADATA_NAME,
+                    "nbytes": len(index),
+                    "sha256": hashlib.sha256(index).hexdigest(),
+                },
+                "entries": entries,
+                "planner_data": planner,
+            }
+        manifest = Manifest(
+            self.job,
+            step,
+            world_size,
+            ordered,
+            time.time(),
+            dict(extra or {}),
+            layouts,
+            dcp,
+            sharded,
+        )
         data = manifest.to_json().encode()  # not JSON-serializable extra: TypeError here
-        path = _join(self.step_dir(step), MANIFEST_NAME)
-        if self.local:
-            self._retry(
-                "writing manifest", path, lambda: self._write(path, lambda f: f.write(data))
-            )
-        else:
-
-            def put() -> None:
-                self.fs.makedirs(self.step_dir(step), exist_ok=True)
-                self.fs.pipe(path, data)
-
-            self._retry("writing manifest", path, put)
+        self._put("writing manifest", step, _join(self.step_dir(step), MANIFEST_NAME), data)
         return manifest
+
+    def _put(self, what: str, step: int, path: str, data: bytes) -> None:
+        """Write a small file whole: atomically on a local file system, one put elsewhere."""
+        if self.local:
+            self._retry(what, path, lambda: self._write(path, lambda f: f.write(data)))
+            return
+
+        def put() -> None:
+            self.fs.makedirs(self.step_dir(step), exist_ok=True)
+            self.fs.pipe(path, data)
+
+        self._retry(what, path, put)
 
     # -- listing and verifying ----------------------------------------------------------
 
@@ -471,16 +350,21 @@ class DurableStore:
         except ValueError as e:
             raise self._corrupt(step, f"unparsable {MANIFEST_NAME}: {e}") from None
 
-    def verify(self, step: int, world_size: int | None = None, deep: bool = True) -> Manifest:
-        """The manifest of `step` once the step checks out; CorruptCheckpoint otherwise."""
+    def verify(
+        self, step: int, world_size: int | None = None, deep: bool = True, reshard: bool = False
+    ) -> Manifest:
+        """The manifest of `step` once the step checks out; CorruptCheckpoint otherwise.
+        With `reshard`, a step of another world size checks out if it holds sharded state
+        (DTensors: it is loaded resharded, ckpt/reshard.py)."""
         m = self.manifest(step)
         if m.job != self.job:
             raise self._corrupt(step, f"manifest belongs to job {m.job!r}, not {self.job!r}")
         if m.step != step:
             raise self._corrupt(step, f"manifest is of step {m.step}, in the directory of {step}")
-        if world_size is not None and m.world_size != world_size:
+        if world_size is not None and m.world_size != world_size and not (reshard and m.sharded):
+            why = "" if m.sharded else " (and holds no sharded state to reshard)"
             raise self._corrupt(
-                step, f"written by {m.world_size} ranks, the job now has {world_size}"
+                step, f"written by {m.world_size} ranks, the job now has {world_size}{why}"
             )
         ranks = [s.rank for s in m.shards]
         if sorted(ranks) != list(range(m.world_size)):
@@ -489,16 +373,26 @@ class DurableStore:
             )
         for rec in sorted(m.shards, key=lambda s: s.rank):
             self._check_shard(step, rec, deep)
+        if m.dcp is not None:
+            index = m.dcp["metadata"]
+            rec = ShardRecord(
+                -1, index.get("file", ""), index.get("nbytes", -1), index.get("sha256", "")
+            )
+            self._check_shard(step, rec, deep, what=f"DCP's {dcp_format.METADATA_NAME}")
         return m
 
-    def _shard_path(self, step: int, rec: ShardRecord) -> str:
-        if posixpath.basename(rec.file) != rec.file or rec.file.startswith("."):
-            raise self._corrupt(step, f"rank {rec.rank}'s shard file name {rec.file!r} is unsafe")
-        return _join(self.step_dir(step), rec.file)
+    def _file_path(self, step: int, file: str, what: str) -> str:
+        allowed = file == dcp_format.METADATA_NAME or not file.startswith(".")
+        if posixpath.basename(file) != file or not allowed or not file:
+            raise self._corrupt(step, f"{what}'s file name {file!r} is unsafe")
+        return _join(self.step_dir(step), file)
 
-    def _check_shard(self, step: int, rec: ShardRecord, deep: bool) -> None:
-        path = self._shard_path(step, rec)
-        what = f"rank {rec.rank}'s shard {rec.file}"
+    def _shard_path(self, step: int, rec: ShardRecord) -> str:
+        return self._file_path(step, rec.file, f"rank {rec.rank}'s shard")
+
+    def _check_shard(self, step: int, rec: ShardRecord, deep: bool, what: str = "") -> None:
+        what = what or f"rank {rec.rank}'s shard {rec.file}"
+        path = self._file_path(step, rec.file, what)
 
         def stat() -> int:
             self.fs.invalidate_cache(posixpath.dirname(path))
@@ -520,7 +414,7 @@ class DurableStore:
         def digest() -> str:
             h = hashlib.sha256()
             with self.fs.open(path, "rb") as f:
-                _hash_rest(f, h)
+                hash_rest(f, h)
             return h.hexdigest()
 
         try:
@@ -534,7 +428,11 @@ class DurableStore:
             )
 
     def newest_valid(
-        self, world_size: int | None = None, at_most: int | None = None, deep: bool = True
+        self,
+        world_size: int | None = None,
+        at_most: int | None = None,
+        deep: bool = True,
+        reshard: bool = False,
     ) -> tuple[Manifest | None, list[tuple[int, str]]]:
         """The newest step (<= at_most) that verifies, and (step, reason) for each newer one
         skipped, newest first. Storage failures raise DurableError: they say nothing about
@@ -544,7 +442,7 @@ class DurableStore:
             if at_most is not None and step > at_most:
                 continue
             try:
-                return self.verify(step, world_size, deep), skipped
+                return self.verify(step, world_size, deep, reshard), skipped
             except CorruptCheckpoint as e:
                 skipped.append((step, e.reason))
         return None, skipped
@@ -555,6 +453,8 @@ class DurableStore:
         """`rank`'s snapshot of `step`, after checking its bytes against the manifest."""
         if manifest is None:
             manifest = self.manifest(step)
+        if manifest.dcp is not None:
+            return self._read_layout(step, rank, manifest)
         rec = next((s for s in manifest.shards if s.rank == rank), None)
         if rec is None:
             raise self._corrupt(step, f"manifest lists no shard of rank {rank}")
@@ -570,64 +470,71 @@ class DurableStore:
     def _read(self, step: int, rec: ShardRecord, path: str) -> tuple[bytes, np.ndarray]:
         """The header and payload of a shard whose bytes hash to the manifest's sha256."""
         what = f"rank {rec.rank}'s shard {rec.file}"
-        h = hashlib.sha256()
         with self.fs.open(path, "rb") as f:
-            head = bytearray(8)
-            got = _read_into(f, memoryview(head), h)
-            n = int.from_bytes(head, "little")
-            if got == 8 and n <= min(rec.nbytes - 8, MAX_HEADER):
-                header = bytearray(n)
-                got += _read_into(f, memoryview(header), h)
-                payload = np.empty(max(rec.nbytes - 8 - n, 0), dtype=np.uint8)
-                got += _read_into(f, memoryview(payload), h)
-                got += _hash_rest(f, h)
-            else:  # a header length that cannot be right: hash the rest to say why
-                header, payload = None, None
-                got += _hash_rest(f, h)
+            header, payload, got, sha = legacy_shard.read_shard_file(f, rec.nbytes)
         if got != rec.nbytes:
             state = "truncated" if got < rec.nbytes else "longer than written"
             raise self._corrupt(
                 step,
                 f"{what} is {state} (size mismatch: {got} bytes, the manifest says {rec.nbytes})",
             )
-        if h.hexdigest() != rec.sha256:
+        if sha != rec.sha256:
             raise self._corrupt(step, f"{what} is corrupt (sha256 mismatch)")
         if header is None:
-            raise self._corrupt(step, f"{what} has a header length of {n} bytes, out of range")
-        return bytes(header), payload
+            raise self._corrupt(step, f"{what} has a header length out of range")
+        return header, payload
 
     def _parse(
         self, step: int, rank: int, rec: ShardRecord, header: bytes, payload: np.ndarray
     ) -> Snapshot:
-        def bad(why: str) -> CorruptCheckpoint:
-            return self._corrupt(step, f"rank {rank}'s shard {rec.file} {why}")
+        try:
+            return legacy_shard.parse_shard(self.job, step, rank, header, payload)
+        except ValueError as e:
+            raise self._corrupt(step, f"rank {rank}'s shard {rec.file} {e}") from None
+
+    def _read_layout(self, step: int, rank: int, manifest: Manifest) -> Snapshot:
+        """`rank`'s snapshot rebuilt from a DCP step (every blob sha256-checked)."""
+        if not 0 <= rank < len(manifest.layouts):
+            raise self._corrupt(step, f"manifest lists no shard of rank {rank}")
+        where = self._show(self.step_dir(step))
+        read = functools.partial(self.read_range, step)
+        try:
+            return rebuild_snapshot(step, manifest.layouts[rank], read, where)
+        except CheckpointMismatch as e:
+            raise self._corrupt(step, f"rank {rank}'s {e}") from None
+
+    def read_range(self, step: int, file: str, offset: int, length: int) -> bytes:
+        """`length` bytes at `offset` of `file` in `step`'s directory."""
+        path = self._file_path(step, file, file)
+
+        def read() -> bytes:
+            with self.fs.open(path, "rb") as f:
+                f.seek(offset)
+                return f.read(length)
 
         try:
-            doc = json.loads(header)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise bad(f"has an unparsable header ({e})") from None
-        if not isinstance(doc, dict) or set(doc) != {"payload", "__metadata__"}:
-            raise bad("has a header other than a stalwart shard's")
-        meta, tensor = doc["__metadata__"], doc["payload"]
-        if not isinstance(meta, dict) or meta.get("format") != SHARD_FORMAT:
-            fmt = meta.get("format") if isinstance(meta, dict) else None
-            raise bad(f"has format {fmt!r}, expected {SHARD_FORMAT!r}")
-        size = len(payload)
-        expected = {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}
-        if tensor != expected:
-            raise bad(f"describes its payload as {tensor!r}, expected {expected!r}")
-        for key, want in (("job", self.job), ("step", str(step)), ("rank", str(rank))):
-            if meta.get(key) != want:
-                raise bad(f"says {key} {meta.get(key)!r}, expected {want!r}")
-        try:
-            skeleton = base64.b64decode(meta.get("skeleton", ""), validate=True)
-        except (binascii.Error, TypeError, ValueError):
-            raise bad("has an undecodable skeleton") from None
-        try:
-            metas = tuple(_meta(d, size) for d in json.loads(meta.get("metas", "")))
-        except (TypeError, ValueError) as e:
-            raise bad(f"has an invalid tensor layout ({e})") from None
-        return Snapshot(step, skeleton, metas, payload)
+            data = self._retry("reading", path, read, missing_ok=True)
+        except FileNotFoundError:
+            raise self._corrupt(step, f"{file} is missing") from None
+        if len(data) != length:
+            raise self._corrupt(step, f"{file} is truncated")
+        return data
+
+    def reader(self, step: int, manifest: Manifest):
+        """A DCP reader of `step` (its index from the manifest, every blob sha256-checked),
+        for loading its sharded state at another world size."""
+        from stalwart.ckpt.dcp_read import StepReader  # torch.distributed.checkpoint: 0.5 s
+
+        if manifest.dcp is None:
+            raise self._corrupt(
+                step, "written in format 1, before DCP: it can be restored only at its world size"
+            )
+        return StepReader(
+            functools.partial(self.read_range, step),
+            self._show(self.step_dir(step)),
+            entries=manifest.dcp["entries"],
+            planner_data=manifest.dcp["planner_data"],
+        )
 
     def split_complete(self, steps: list[int]) -> tuple[list[int], list[int]]:
         """`steps` (ascending) as (those with a readable manifest, those without one)."""
@@ -671,22 +578,6 @@ class DurableStore:
         if doomed:
             self.fs.invalidate_cache(self.root)
         return doomed
-
-
-def _meta(d: Any, size: int) -> TensorMeta:
-    if not isinstance(d, dict) or set(d) != {"offset", "nbytes", "dtype", "shape", "device"}:
-        raise ValueError(f"entry {d!r} is not a tensor description")
-    ints = [d["offset"], d["nbytes"], *(d["shape"] if isinstance(d["shape"], list) else [None])]
-    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ints):
-        raise ValueError(f"entry {d!r} has a bad offset, size or shape")
-    dtype = getattr(torch, d["dtype"], None) if isinstance(d["dtype"], str) else None
-    if not isinstance(dtype, torch.dtype) or not isinstance(d["device"], str):
-        raise ValueError(f"entry {d!r} has a bad dtype or device")
-    if d["nbytes"] != math.prod(d["shape"]) * dtype.itemsize:
-        raise ValueError(f"entry {d!r}: size does not match shape and dtype")
-    if d["offset"] + d["nbytes"] > size:
-        raise ValueError(f"entry {d!r} reaches past the payload's {size} bytes")
-    return TensorMeta(d["offset"], d["nbytes"], d["dtype"], tuple(d["shape"]), d["device"])
 
 
 def open_store(target: Mapping[str, Any]) -> DurableStore:

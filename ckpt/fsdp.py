@@ -13,8 +13,10 @@ no state yet (stalwart's step-0 snapshot, before the first step) it runs a step 
 gradients and lr 0 to create the state (``_init_optim_state``), which sets AdamW's step
 counter to 1: every later bias correction would differ from the same loop run without
 stalwart. And it rebuilds its name maps on each call. The views compute the maps once
-per registration and map keys only; loading a checkpoint of another world size (DCP,
-resharding) goes through torch's ``set_state_dict`` (ckpt/reshard.py).
+per registration and map keys only; loading a checkpoint of another layout (an elastic
+resize, another world size, ``checkpoint.init_from``) goes through torch's
+``get_optimizer_state_dict``/``set_optimizer_state_dict`` (ckpt/reshard.py), where the
+step with zero gradients is harmless: everything it sets is loaded over.
 
 FSDP1 (``FullyShardedDataParallel``) is refused with what to use instead.
 """
@@ -98,6 +100,9 @@ class ShardedOptimizer:
                 "ctx.register(model=model, optimizer=optimizer)"
             )
         self._fqns = [fqn_of[id(p)] for p in params]  # by the index state_dict() uses
+        owned = {id(p) for p in params}
+        # The module whose parameters it updates (torch's get_optimizer_state_dict's model).
+        self.model = next(m for m in modules if any(id(p) in owned for p in m.parameters()))
         self._index = {fqn: i for i, fqn in enumerate(self._fqns)}
 
     def state_dict(self) -> dict[str, Any]:

@@ -19,9 +19,15 @@ from pydantic import (
     Tag,
     ValidationError,
     field_validator,
-    model_validator,
 )
 
+from stalwart.orchestrator.spec_checkpoint import (  # noqa: F401 (re-exported)
+    MAX_COUNT,
+    MAX_STEPS,
+    MAX_WORKERS,
+    CheckpointSpec,
+    PersistSpec,
+)
 from stalwart.orchestrator.spec_faults import (  # noqa: F401 (re-exported)
     COLLECTIVE_FAULTS,
     PEER_FAULTS,
@@ -57,9 +63,6 @@ ENTRYPOINT_RE = re.compile(
 # Upper bounds of the spec's counts: far above any real job, low enough that a typo (an
 # extra few zeros) is an error rather than a job that never ends or asks for a million
 # processes. Any integer beyond int64 is refused wherever it is (spec_yaml.oversized_ints).
-MAX_STEPS = 10**12
-MAX_WORKERS = 100_000
-MAX_COUNT = 1_000_000  # retries, restarts, roll backs, windows
 
 
 class Resources(_Model):
@@ -69,91 +72,6 @@ class Resources(_Model):
     gpu: float = Field(0.0, ge=0, description="GPUs per worker")
     custom: dict[str, float] = Field(
         default_factory=dict, description="custom Ray resources per worker"
-    )
-
-
-class PersistSpec(_Model):
-    """The durable tier: committed steps written to storage in the background."""
-
-    uri: str | None = Field(
-        None,
-        description="where checkpoints go: a local path, file://, or an fsspec URL (s3://, "
-        "gs://, ... with the matching fsspec backend installed); null: no durable tier",
-    )
-    every_steps: int | None = Field(
-        None,
-        ge=1,
-        le=MAX_STEPS,
-        description="persist a committed step at least this many steps apart",
-    )
-    every_seconds: float | None = Field(
-        None,
-        gt=0,
-        description="persist a committed step at least this often (default 300 s when "
-        "uri is set and every_steps is not)",
-    )
-    keep_last: int = Field(
-        3, ge=1, le=MAX_COUNT, description="complete checkpoints kept on storage"
-    )
-    retries: int = Field(
-        3, ge=0, le=MAX_COUNT, description="retries of a failed write, with backoff"
-    )
-    backoff_s: float = Field(0.5, ge=0, description="first retry's delay; doubles each time")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_interval(cls, data: Any) -> Any:
-        if (
-            isinstance(data, dict)
-            and data.get("uri")
-            and data.get("every_steps") is None
-            and data.get("every_seconds") is None
-        ):
-            data = {**data, "every_seconds": 300.0}
-        return data
-
-    def model_post_init(self, _ctx: Any) -> None:
-        if self.uri is not None and not self.uri.strip():
-            raise ValueError("checkpoint.persist.uri: must not be empty (null: no durable tier)")
-        if self.uri:
-            from fsspec.registry import get_filesystem_class
-            from fsspec.utils import get_protocol
-
-            protocol = get_protocol(self.uri)
-            try:
-                get_filesystem_class(protocol)
-            except (ValueError, ImportError) as e:
-                raise ValueError(
-                    f"checkpoint.persist.uri: no usable fsspec backend for {protocol}:// ({e})"
-                ) from None
-
-
-class CheckpointSpec(_Model):
-    every_steps: int = Field(
-        1, ge=1, le=MAX_STEPS, description="snapshot registered state every N steps"
-    )
-    replicas: int = Field(
-        2,
-        ge=1,
-        le=MAX_WORKERS,
-        description="copies of each shard kept in memory on distinct nodes (its own node's "
-        "and replicas-1 peers', in groups: losing any replicas-1 nodes loses no shard); a "
-        "step is committed once every shard has them",
-    )
-    replication_duty: float = Field(
-        0.1,
-        gt=0,
-        le=1,
-        description="the share of the time a node may spend sending copies to its peers: "
-        "copies are thinned to every k-th snapshot so one round of sends (measured) fits it; "
-        "the committed step then lags more (event replication_stride says by how much)",
-    )
-    persist: PersistSpec = Field(default_factory=PersistSpec)
-    shm_dir: str = Field(
-        "/dev/shm/stalwart",
-        description="where each node keeps its in-memory checkpoints as shared-memory files "
-        "(a memory-backed file system: /dev/shm, a Kubernetes emptyDir with medium Memory); "
-        "when it is missing, too small or full, the node keeps them in its agent's memory",
     )
 
 

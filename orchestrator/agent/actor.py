@@ -16,6 +16,8 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
+
 from stalwart.ckpt.durable import DurableStore, open_store
 from stalwart.ckpt.ring import RingReader
 from stalwart.ckpt.snapshot import Snapshot, TensorMeta, payload_checksum
@@ -207,6 +209,12 @@ class NodeAgent:
         own = self.store.get(rank, step)
         return own if own is not None else self.replicas.get(rank, step)
 
+    def get_layout(self, rank: int, step: int) -> tuple[bytes, tuple] | None:
+        """`rank`'s shard of `step`, its skeleton and tensor layout only (what a reshard
+        plans with before it fetches the shards it needs)."""
+        snap = self.get_shard(rank, step)
+        return (bytes(snap.skeleton), snap.metas) if snap is not None else None
+
     # --- peer replicas ----------------------------------------------------------------------
 
     def set_peers(self, peers: dict[str, Any]) -> None:
@@ -258,8 +266,9 @@ class NodeAgent:
         self, target: dict[str, Any], step: int, ranks: list[int], fault: dict | None = None
     ) -> list[dict]:
         """Write `ranks`' shards of `step` from this node's memory to the durable target
-        (blocking this call's thread only; retries with backoff inside). Returns the shard
-        records for the manifest; raises DurableError when the target keeps failing.
+        (blocking this call's thread only; retries with backoff inside), each as a rank's
+        file of a DCP checkpoint (ckpt/dcp_format.py). Returns what the manifest needs of
+        them; raises DurableError when the target keeps failing.
         `fault`: chaos `during: persist`, a kill_node carried out after the first shard."""
         store = self._durable_store(target)
         records = []
@@ -273,7 +282,7 @@ class NodeAgent:
                     f"{step} (it holds steps {self.store.stored().get(rank, [])} of its own "
                     f"and {self.replicas.stored().get(rank, [])} as copies)"
                 )
-            records.append(dataclasses.asdict(store.write_shard(step, rank, snap)))
+            records.append(store.write_rank(step, rank, _private_copy(snap, rank)))
         if fault is not None:
             self._die_for(fault)  # this node wrote one shard only: the first one
         return records
@@ -483,3 +492,18 @@ def _py_spy() -> str:
     """py-spy from this interpreter's environment (Ray installs it), else from PATH."""
     here = os.path.join(os.path.dirname(sys.executable), "py-spy")
     return here if os.path.exists(here) else "py-spy"
+
+
+def _private_copy(snap: Snapshot, rank: int) -> Snapshot:
+    """`snap` with a payload of its own: a shard in a ring slot or a pooled buffer is a view
+    of memory the store reuses once it drops the step, and a durable write outlasts the
+    hold on it (a rank wrote step k+6 into the slot of step k mid-write: found by
+    tests/component/test_fsdp_dcp.py). The copy is checked against the checksum taken at
+    the hand-over, so a copy the reuse overtook is refused, not written."""
+    own = Snapshot(snap.step, snap.skeleton, snap.metas, np.array(snap.payload), snap.checksum)
+    if not own.intact():
+        raise RuntimeError(
+            f"rank {rank}'s shard of step {snap.step} changed while it was copied to be "
+            "persisted (its memory was reused): the step is not written"
+        )
+    return own

@@ -450,7 +450,7 @@ class JobSupervisor:
         )
         self.detect.start_generation(time.time())
         self.ledger.new_generation()
-        self.gen.start(restore_step, self.ckpt.sources(restore_step, durable), faults)
+        self.gen.start(restore_step, *self.ckpt.restore_from(restore_step, durable), faults)
 
     def _finish(self) -> None:
         # Parameters, not buffers: under DDP's broadcast_buffers the ranks' buffers differ

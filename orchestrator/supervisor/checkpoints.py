@@ -56,6 +56,9 @@ class Checkpoints:
         self.plan = ReplicaPlan(spec.checkpoint, pool, emit)
         # rank -> whose shard it restores (a rank added by a grow, until it has its own)
         self.borrowed: dict[int, int] = {}
+        # The newest committed step when the world last changed size: a restore of it or
+        # an older step finds a sharded model's shards in the old layout (`reshard_from`).
+        self.resized_at: int | None = None
         self._kept: tuple[int, ...] = ()  # the steps last sent to agents as `keep`
         self._dropped_below: int | None = None
         self._prune_seq = 0  # numbers the agents' prune calls (they may overtake)
@@ -164,8 +167,11 @@ class Checkpoints:
         pool = self.pool
         if durable is not None:
             target = self.persister.target
-            self.last_sources = {r: (None, r, durable.step, "durable") for r in pool.workers}
-            return {r: (target, r, "durable") for r in pool.workers}
+            # At another world size (a sharded job's: resharded), the rank's own part (its
+            # random states, its data position) is the same rank's, or the last one's.
+            whose = {r: min(r, durable.world_size - 1) for r in pool.workers}
+            self.last_sources = {r: (None, whose[r], durable.step, "durable") for r in whose}
+            return {r: (target, whose[r], "durable") for r in pool.workers}
         by_rank = self._holders(step) if step is not None else {}
         out = {}
         self.last_sources = {}
@@ -177,6 +183,26 @@ class Checkpoints:
             if step is not None:
                 self.last_sources[r] = (src.node, src.rank, step, src.tier)
         return out
+
+    def restore_from(
+        self, step: int | None, durable: Manifest | None
+    ) -> tuple[dict[int, tuple[Any, int, str | None]], dict[str, Any] | None]:
+        """(`sources`, `reshard_from`) of the next generation's restore of `step`."""
+        return self.sources(step, durable), self.reshard_from(step, durable)
+
+    def reshard_from(self, step: int | None, durable: Manifest | None) -> dict[str, Any] | None:
+        """Where the old world's shards of `step` are, when the job's world size is not the
+        one that wrote it: a sharded model's ranks load them resharded (worker/restore.py;
+        the others never ask). None when the world did not change since."""
+        if durable is not None:
+            if durable.world_size == self.pool.world:
+                return None
+            return {"durable": self.persister.target}
+        if step is None or self.resized_at is None or step > self.resized_at:
+            return None
+        agents = self.pool.agents
+        held = self._holders(step)
+        return {"memory": {r: agents[holdings.pick(nodes, None)] for r, nodes in held.items()}}
 
     def distrust(self, rank: int) -> None:
         """`rank` could not restore from its last source: that copy is dropped (its node's
@@ -246,9 +272,13 @@ class Checkpoints:
     def borrow(self, rank: int, source: int) -> None:
         """`rank` (added by a grow) restores `source`'s shard until it has its own."""
         self.borrowed[rank] = source
+        self.resized_at = self.commit.committed
 
     def rekey(self, mapping: dict[int, int]) -> None:
-        """Ranks were renumbered old -> new: every node store renames its shards."""
+        """Ranks were renumbered old -> new: every node store renames its shards. A rank
+        the shrink dropped keeps its shards under a number past the new world's (its
+        place in the old layout, for a sharded model's reshard)."""
+        self.resized_at = self.commit.committed
         ray.get([a.rekey.remote(mapping) for a in self.pool.agents.values()], timeout=60)
         self.borrowed = {
             mapping[r]: mapping[src]
@@ -288,7 +318,7 @@ class Checkpoints:
         below = min(self.bad_durable) - 1 if self.bad_durable else None
         while True:
             try:
-                manifest, skipped = store.newest_valid(self.pool.world, at_most=below)
+                manifest, skipped = store.newest_valid(self.pool.world, at_most=below, reshard=True)
             except DurableError as e:
                 self._emit("durable_unavailable", reason=f"{store.describe()}: {e}")
                 return None
@@ -328,7 +358,7 @@ class Checkpoints:
         else:
             step = int(resume)
             try:
-                manifest = store.verify(step, world)
+                manifest = store.verify(step, world, reshard=True)
             except (CorruptCheckpoint, DurableError) as e:
                 raise SchedulingError(f"--resume {step}: {e}") from None
         self.resumed_from = manifest.step

@@ -3,8 +3,10 @@ workers waiting for room while below the maximum, grow back when they are placed
 
 Ranks stay 0..n-1: a shrink renumbers the survivors and every node store renames their
 shards (after the workers drained their snapshot pipelines), so the next generation still
-restores from memory. A grown rank restores rank 0's shard (data-parallel state is the same
-on every rank) until it has one of its own.
+restores from memory; the dropped ranks' shards are renamed past the new world, not
+dropped. A grown rank restores rank 0's shard (data-parallel state is the same on every
+rank) until it has one of its own. A sharded model (FSDP2, HSDP) is loaded resharded from
+the old world's shards instead (Checkpoints.reshard_from, ckpt/reshard.py).
 """
 
 from __future__ import annotations
@@ -58,7 +60,11 @@ class Elastic:
         survivors = sorted(pool.workers)
         mapping = {old: new for new, old in enumerate(survivors)}
         self._quiesce()
-        self.checkpoints.rekey(mapping)
+        # The dropped ranks' shards stay, numbered past the new world: a sharded model is
+        # restored from the whole old layout (ckpt/reshard.py).
+        gone = sorted(set(range(old_world)) - set(survivors))
+        kept = {**mapping, **{old: len(survivors) + i for i, old in enumerate(gone)}}
+        self.checkpoints.rekey(kept)
         self.detection.renumbered()
         pool.renumber(mapping)
         self.ledger.resized(

@@ -80,11 +80,13 @@ class Generation:
         self,
         restore_step: int | None,
         sources: Mapping[int, tuple[Any, int, str | None]],
+        reshard_from: dict[str, Any] | None,
         faults: list[dict[str, Any]],
     ) -> None:
         """Generation n+1: a fresh rendezvous, then every rank's run(), restoring
         `restore_step` from `sources` (rank -> (agent or durable target, whose shard, tier))
-        and carrying `faults`."""
+        and carrying `faults`; `reshard_from`: where the old layout's shards are after a
+        resize (Checkpoints.reshard_from)."""
         self.number += 1
         gen = self.number
         pool = self.pool
@@ -125,6 +127,7 @@ class Generation:
                 rank=rank,
                 world_size=pool.world,
                 restore_rank=source_rank,
+                reshard_from=reshard_from,
             )
             self.futures[ref] = rank
         self._emit(

@@ -1,10 +1,11 @@
 """Writing committed steps to the durable tier, never on the training path nor blocking the
 supervisor's control loop.
 
-Each persisted step is written by the node agents, every rank's shard by one node holding
-it in memory (its own node's when it can), in the agents' threads; the supervisor only
-waits for the answers without blocking. When every shard is written, a thread of the
-supervisor writes the manifest (last: it is what makes the step complete, ckpt/durable.py)
+Each persisted step is a DCP checkpoint written by the node agents, every rank's file by
+one node holding its shard in memory (its own node's when it can), in the agents' threads;
+the supervisor only waits for the answers without blocking. When every file is written, a
+thread of the supervisor writes DCP's index (``.metadata``, as DCP's coordinator would) and
+the manifest (last: it is what makes the step complete, ckpt/durable.py)
 and prunes storage to `keep_last` complete checkpoints. A failing target costs retries with
 backoff inside each write, then a `persist_failed` event and a cool-down; the training goes
 on, and the older complete checkpoints stay valid.
@@ -19,7 +20,7 @@ from typing import Any
 
 import ray
 
-from stalwart.ckpt.durable import DurableError, DurableStore, ShardRecord
+from stalwart.ckpt.durable import DurableError, DurableStore
 from stalwart.orchestrator.spec import PersistSpec
 
 FAILURE_COOLDOWN_S = 5.0  # after a failed attempt, the next one waits this long
@@ -115,11 +116,11 @@ class Persister:
         ready, _ = ray.wait(list(job["refs"]), num_returns=len(job["refs"]), timeout=0)
         if len(ready) < len(job["refs"]):
             return
-        records: list[ShardRecord] = []
+        records: list[dict[str, Any]] = []  # the ranks' DCP files (DurableStore.write_rank)
         errors = {}
         for ref, node in job["refs"].items():
             try:
-                records += [ShardRecord(**r) for r in ray.get(ref)]
+                records += ray.get(ref)
             except Exception as e:  # DurableError from the agent, or the agent died
                 errors[node[:12]] = _cause(e)
         if errors:
@@ -130,10 +131,10 @@ class Persister:
             target=self._finish, args=(job, records), name="stalwart-persist", daemon=True
         ).start()
 
-    def _finish(self, job: dict[str, Any], records: list[ShardRecord]) -> None:
+    def _finish(self, job: dict[str, Any], records: list[dict[str, Any]]) -> None:
         try:
             extra = {"run": self.run} if self.run else None
-            self.store.write_manifest(job["step"], job["world"], records, extra=extra)
+            self.store.write_manifest(job["step"], job["world"], extra=extra, writes=records)
         except (DurableError, OSError, ValueError) as e:
             self._failed(job, _cause(e))
             return
@@ -145,7 +146,7 @@ class Persister:
         except (DurableError, OSError, ValueError) as e:
             pruned, kept = [], f"; older steps not pruned yet: {_cause(e)}"
         seconds = time.time() - job["started"]
-        nbytes = sum(r.nbytes for r in records)
+        nbytes = sum(r["record"]["nbytes"] for r in records)
         entry = {"step": job["step"], "seconds": round(seconds, 3), "bytes": nbytes}
         with self._lock:
             self.history.append(entry)

@@ -22,6 +22,7 @@ import ray
 import torch
 import torch.distributed as dist
 
+from stalwart.ckpt.dcp_dir import dcp_reader
 from stalwart.ckpt.device_copy import AsyncCapture
 from stalwart.ckpt.durable import open_store
 from stalwart.ckpt.pipeline import SnapshotPipeline
@@ -43,6 +44,7 @@ from stalwart.orchestrator.worker.collective import (
 from stalwart.orchestrator.worker.context import LossNotFinite, RestoreFailed, TrainContext
 from stalwart.orchestrator.worker.entrypoint import load_entrypoint
 from stalwart.orchestrator.worker.output import OutputCapture
+from stalwart.orchestrator.worker.reshard_source import reshard_source
 
 HEARTBEAT_INTERVAL_S = 0.25  # at least this often
 HEARTBEAT_MIN_GAP_S = 0.05  # at most this often: a step's end sends one early
@@ -160,11 +162,15 @@ class TrainWorker:
         rank: int | None = None,
         world_size: int | None = None,
         restore_rank: int | None = None,
+        reshard_from: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Run one generation: rendezvous, restore, train until done or aborted.
 
         `rank`/`world_size`: this generation's, when an elastic resize renumbered the world.
-        `restore_rank`: whose shard to restore (default: this rank's own)."""
+        `restore_rank`: whose shard to restore (default: this rank's own). `reshard_from`:
+        after a resize, where the old world's shards of the restore step are, for a
+        sharded model the loop builds in the new layout: {"durable": target} or
+        {"memory": {rank: agent}} (worker/reshard_source.py)."""
         self.generation = generation
         if rank is not None and (rank, world_size) != (self.rank, self.world_size):
             self.rank, self.world_size = rank, world_size
@@ -192,6 +198,8 @@ class TrainWorker:
                 on_warning=self._warn,
                 output_dir=_output_dir(self.spec),
                 loss_guard=self.spec["health"]["loss_guard"]["enabled"],
+                init_from=self.spec["checkpoint"].get("init_from"),
+                open_reader=dcp_reader,
             )
         ctx = self.ctx
         ctx.begin_generation(
@@ -202,6 +210,9 @@ class TrainWorker:
             fetch=lambda step: self._fetch(restore_from, step),
             rank=self.rank,
             world_size=self.world_size,
+            resharded=lambda: reshard_source(
+                reshard_from, restore_step, lambda agent, r: self._fetch(agent, restore_step, r)
+            ),
         )
         in_user_code = False
         try:
@@ -373,12 +384,13 @@ class TrainWorker:
         shard = Snapshot(snap.step, snap.skeleton, snap.metas, payload, checksum)
         ray.get(self.agent.put_shard.remote(self.rank, shard, self.generation))
 
-    def _fetch(self, source: Any, step: int) -> Snapshot | None:
-        """`step`'s shard from the restore source: an agent's memory (own node's by
-        default; another node's over its channel, agent/channel.py) or, for a dict naming a
-        durable target, storage (sha256-checked)."""
+    def _fetch(self, source: Any, step: int, rank: int | None = None) -> Snapshot | None:
+        """`step`'s shard of `rank` (default: the one this rank restores) from the restore
+        source: an agent's memory (own node's by default; another node's over its channel,
+        agent/channel.py) or, for a dict naming a durable target, storage (checked)."""
+        rank = self._restore_rank if rank is None else rank
         if isinstance(source, dict):
-            return open_store(source).read_shard(step, self._restore_rank)
+            return open_store(source).read_shard(step, rank)
         # Bounded: a source agent that dies or stalls mid-fetch fails this restore (and the
         # supervisor restores from the next source), it never hangs the recovery.
         source, deadline = source or self.agent, self.spec["failure"]["restore_timeout_s"]
@@ -386,11 +398,11 @@ class TrainWorker:
         if source._actor_id != self.agent._actor_id:  # a peer's: over its channel, else Ray
             try:
                 left = deadline - time.monotonic()
-                return fetch_from_agent(source, self._restore_rank, step, left, self.node_ip)
+                return fetch_from_agent(source, rank, step, left, self.node_ip)
             except ChannelError as e:
                 print(f"stalwart: restore over the channel failed ({e}): Ray", file=sys.stderr)
         left = max(1.0, deadline - time.monotonic())
-        return ray.get(source.get_shard.remote(self._restore_rank, step), timeout=left)
+        return ray.get(source.get_shard.remote(rank, step), timeout=left)
 
     def _on_fault(self, fault: dict[str, Any]) -> None:
         # Recorded synchronously, at the supervisor (a node fault takes the agent with it),

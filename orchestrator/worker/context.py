@@ -28,15 +28,17 @@ import numpy as np
 import torch
 
 from stalwart.ckpt import dtensor
+from stalwart.ckpt.dcp_format import CheckpointMismatch
 from stalwart.ckpt.fsdp import sharded_views
 from stalwart.ckpt.pipeline import SnapshotPipeline
 from stalwart.ckpt.ring_pipeline import RingPipeline
 from stalwart.ckpt.sharded import rank_local_view
 from stalwart.ckpt.skeleton import UnsafeState, format_path
-from stalwart.ckpt.snapshot import Snapshot, nested_digest, restore, state_digest
+from stalwart.ckpt.snapshot import Snapshot, nested_digest, state_digest
 from stalwart.orchestrator.worker.collective import ElasticGroup, GroupAborted, make_ddp, solo_group
 from stalwart.orchestrator.worker.divergence import DivergenceGuard, named_parameters
 from stalwart.orchestrator.worker.exactness import unregistered
+from stalwart.orchestrator.worker.restore import ReshardSource, init_from, restore_objects
 from stalwart.orchestrator.worker.stateful import stateful
 
 RECENT_STEPS = 32
@@ -170,6 +172,8 @@ class TrainContext:
         on_warning: Callable[[str], None] = lambda message: None,
         output_dir: str | None = None,
         loss_guard: bool = True,
+        init_from: str | None = None,
+        open_reader: Callable[[str], tuple[Any, str]] | None = None,
     ):
         self.rank = rank
         self.world_size = world_size
@@ -202,6 +206,9 @@ class TrainContext:
         self._checked_exactness = False
         self._loss_guard = loss_guard
         self._step_loss: float | None = None  # the loss reported during the current step
+        self._init_from = init_from  # checkpoint.init_from: a DCP checkpoint to start from
+        self._open_reader = open_reader
+        self._resharded: ReshardSource = lambda: None
 
     def phase_faults(self, phase: str) -> None:
         """Carry out this generation's faults that fire `during` `phase` of a recovery
@@ -237,14 +244,18 @@ class TrainContext:
         fetch: Callable[[int], Snapshot | None],
         rank: int | None = None,
         world_size: int | None = None,
+        resharded: ReshardSource | None = None,
     ) -> None:
         """Set up the next call of the train loop; `fetch(step)` returns this rank's shard.
-        `rank`, `world_size`: this generation's (an elastic job renumbers on a resize)."""
+        `rank`, `world_size`: this generation's (an elastic job renumbers on a resize);
+        `resharded()`: a DCP reader of the restore step's sharded state in the layout it
+        was saved in, where the loop's mesh differs from it (worker/restore.py)."""
         self.generation = generation
         if rank is not None:
             self.rank, self.world_size = rank, world_size
         self.local_rank = local_rank
         self._fetch = fetch
+        self._resharded = resharded or (lambda: None)
         self._restore_step = restore_step
         self._faults = [f for f in faults if f["rank"] == self.rank]
         self._interrupt = None
@@ -422,15 +433,19 @@ class TrainContext:
     def _restore(self) -> int:
         self.progress.first_step_done_at = None
         if self._restore_step is None:
-            # A fresh start: commit the initial state as step 0, so there is always a
-            # consistent point to return to.
-            self.progress.step = 0
+            # A fresh start: commit the initial state (step 0, or the step of the checkpoint
+            # the job starts from), so there is always a consistent point to return to.
             self.progress.samples = self.progress.tokens = 0.0
-            self.progress.setup_done_at = self.progress.fetched_at = time.time()
-            self._snapshot(0)
+            self.progress.setup_done_at = time.time()
+            start = 0
+            if self._init_from is not None:
+                start = init_from(self._init_from, self._views, self._open_reader)
+            self.progress.step = start
+            self.progress.fetched_at = time.time()
+            self._snapshot(start)
             self.progress.restored_at = time.time()
             self.progress.restored_step = None
-            return 0
+            return start
         self.progress.setup_done_at = time.time()
         self.phase_faults("restore")
         step = self._restore_step
@@ -447,24 +462,14 @@ class TrainContext:
                 "the copy is corrupt: its bytes do not match the checksum taken when it "
                 "was handed over",
             )
-        # DTensor shards go back onto the meshes the loop built again in this generation.
-        rebuild = dtensor.rebuilder(dtensor.meshes_of(self._objects.values()))
         try:
-            state = restore(snap, self.device, rebuild)
-        except dtensor.MeshChanged:
-            raise
+            state = restore_objects(
+                snap, self._objects, self._views, self.device, self._resharded, self.rank
+            )
+        except (dtensor.MeshChanged, CheckpointMismatch):
+            raise  # the loop's layout or the checkpoint's model, not the copy
         except Exception as e:
             raise RestoreFailed(step, f"it does not load: {type(e).__name__}: {e}") from None
-        for name, view in self._views.items():
-            if name not in state["objects"]:
-                raise RuntimeError(
-                    f"rank {self.rank}: checkpoint has no {name!r}; registered objects changed "
-                    f"between generations ({sorted(state['objects'])})"
-                )
-            view.load_state_dict(state["objects"][name])
-            obj = self._objects[name]
-            if isinstance(obj, torch.nn.Module):
-                obj.zero_grad(set_to_none=True)
         apply_rng(state["rng"])
         counters = state.get("counters")  # absent from snapshots of older versions
         if counters is not None:

@@ -24,8 +24,9 @@ from click.testing import CliRunner
 from safetensors import safe_open
 from torch import nn
 
-from stalwart.ckpt.durable import DurableStore, shard_name, step_name
+from stalwart.ckpt.durable import DurableStore, step_name
 from stalwart.ckpt.export_formats import flatten, plain, strip_wrapper_prefix
+from stalwart.ckpt.legacy_shard import shard_name
 from stalwart.ckpt.snapshot import SnapshotBuffer
 from stalwart.orchestrator.cli import main
 

@@ -93,7 +93,7 @@ def test_a_step_whose_manifest_is_written_is_persisted_even_if_retention_fails(t
         run="run-a",
     )
     snap, _ = make_snapshot(10)
-    records = [p.store.write_shard(10, 0, snap)]
+    records = [p.store.write_rank(10, 0, snap)]
 
     def gone(*a, **k):
         raise DurableError("listing: storage unavailable")

@@ -1,0 +1,119 @@
+"""Putting a rank's registered objects back: from its snapshot (the usual recovery), resharded
+when the snapshot's mesh is not the one the loop built (an elastic resize, a resume at
+another world size), or, at a job's start, from another job's DCP checkpoint
+(``checkpoint.init_from``).
+
+A snapshot restores onto the live meshes (ckpt/dtensor.py). When its DTensors are of
+another layout, the sharded objects (a model under fully_shard, its optimizer) are loaded
+from a DCP reader of the old world's shards instead (ckpt/reshard.py): the nodes' memory
+or durable storage, whichever the supervisor named; the rest of the snapshot (random
+states, counters, objects that are not sharded) is the rank's own, as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from stalwart.ckpt import dtensor
+from stalwart.ckpt.dcp_format import CheckpointMismatch
+from stalwart.ckpt.fsdp import ShardedModel, ShardedOptimizer
+from stalwart.ckpt.snapshot import Snapshot, restore
+
+# (a DCP reader of the snapshot's step in the old layout, where it is) or None
+ReshardSource = Callable[[], tuple[Any, str] | None]
+
+
+def _skip_shard(ref: dtensor.ShardRef, local: torch.Tensor) -> None:
+    return None  # loaded resharded instead
+
+
+def restore_objects(
+    snap: Snapshot,
+    objects: Mapping[str, Any],
+    views: Mapping[str, Any],
+    device: torch.device,
+    resharded: ReshardSource,
+    rank: int,
+) -> dict[str, Any]:
+    """Load `snap` into the registered objects (`views`: what ctx.register checkpoints for
+    each); returns the snapshot's state (rng, counters, step) for the caller to apply."""
+    rebuild = dtensor.rebuilder(dtensor.meshes_of(objects.values()))
+    sharded: list[str] = []
+    try:
+        state = restore(snap, device, rebuild)
+    except dtensor.MeshChanged as e:
+        source = resharded()
+        if source is None:
+            raise dtensor.MeshChanged(
+                f"{e}; the loop built another mesh than the one this job checkpointed, "
+                "with nothing to reshard from (build the same mesh for the same world size)"
+            ) from None
+        from stalwart.ckpt import reshard  # torch.distributed.checkpoint: 0.5 s to import
+
+        reader, where = source
+        state = restore(snap, device, _skip_shard)
+        sharded = [n for n, v in views.items() if isinstance(v, ShardedModel | ShardedOptimizer)]
+        reshard.load(views, sharded, reader, where)
+    for name, view in views.items():
+        if name not in state["objects"]:
+            raise RuntimeError(
+                f"rank {rank}: checkpoint has no {name!r}; registered objects changed "
+                f"between generations ({sorted(state['objects'])})"
+            )
+        if name not in sharded:
+            view.load_state_dict(state["objects"][name])
+        obj = objects[name]
+        if isinstance(obj, torch.nn.Module):
+            obj.zero_grad(set_to_none=True)
+    return state
+
+
+class InitFromError(ValueError):
+    """checkpoint.init_from names a checkpoint that cannot start this job (a user error)."""
+
+
+def init_from(uri: str, views: Mapping[str, Any], open_reader: Callable[[str], tuple]) -> int:
+    """Load the registered objects the DCP checkpoint at `uri` holds state for (a job's own
+    or another's: torchrun, torchtitan) into what the loop built; returns the step to go on
+    from: the checkpoint's top-level `step`, else 0."""
+    from stalwart.ckpt import reshard  # torch.distributed.checkpoint: 0.5 s to import
+
+    try:
+        reader, where = open_reader(uri)
+        held = reshard.held_names(reader.read_metadata())
+    except (CheckpointMismatch, OSError) as e:
+        raise InitFromError(f"checkpoint.init_from: {e}") from None
+    names = [n for n in views if n in held]
+    if not names:
+        raise InitFromError(
+            f"checkpoint.init_from: {where} holds no state for the registered objects "
+            f"{sorted(views)} (it holds {sorted(held)[:8]}): register them under the names "
+            "the checkpoint was saved with (dcp.save({'model': ..., 'optimizer': ...}))"
+        )
+    try:
+        reshard.load(views, names, reader, f"checkpoint.init_from {where}")
+        return _saved_step(reader)
+    except CheckpointMismatch as e:
+        raise InitFromError(str(e)) from None
+
+
+def _saved_step(reader: Any) -> int:
+    import torch.distributed.checkpoint as dcp
+
+    from stalwart.ckpt import reshard
+
+    md = reader.read_metadata().state_dict_metadata.get("step")
+    if md is None:
+        return 0
+    target: dict[str, Any] = {
+        "step": torch.zeros((), dtype=torch.int64) if hasattr(md, "size") else 0
+    }
+    reshard._dcp_load(dcp, target, reader, "its step")
+    value = target["step"]
+    step = int(value.item() if isinstance(value, torch.Tensor) else value)
+    if step < 0:
+        raise CheckpointMismatch(f"its step is {step}")
+    return step
