@@ -59,6 +59,29 @@ def load_blob(blob: bytes) -> Any:
     return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
 
 
+def shard_signature(skeleton: bytes) -> str | None:
+    """What identifies the DTensor chunks a rank's snapshot holds (their meshes, offsets and
+    shapes), or None when it holds none: ranks with the same signature hold the same shards
+    (HSDP's replicate dimension), which replica placement keeps apart (ckpt/replicas.py)."""
+    refs: list[ShardRef] = []
+
+    def walk(obj: Any) -> None:
+        if isinstance(obj, ShardRef):
+            refs.append(obj)
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                walk(v)
+        elif isinstance(obj, list | tuple):
+            for v in obj:
+                walk(v)
+
+    walk(SkeletonUnpickler(skeleton, TensorRef).load())
+    if not refs:
+        return None
+    text = repr([(r.mesh, r.placements, r.shape, r.offset) for r in refs])
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
 def rank_file(rank: int) -> str:
     """Rank `rank`'s data file, named as DCP's file system writer names it."""
     return f"__{rank}_0.distcp"

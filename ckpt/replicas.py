@@ -11,16 +11,25 @@ group are all lost only when all of its g nodes are. Hence the guarantee:
 and with several groups many larger failures are survived too (Gemini, SOSP'23, shows
 group placement loses data with the lowest probability for a given number of copies).
 Fewer nodes than `replicas`: one group of all of them, so `effective(...)` copies.
+
+The placement knows the mesh (`holds`: node -> the shards its ranks hold, by signature,
+ckpt/dtensor.py `shard_signature`): under HSDP the ranks along the replicate dimension hold
+the same parameter and optimizer shards, and a copy of a node's shards is worth most on a
+node that does not hold them already. Groups are filled so that no two nodes of a group
+hold the same shard where the nodes allow it; the guarantee above is the same.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+
+Holds = Mapping[str, Iterable[str]]
 
 
-def groups(nodes: Iterable[str], replicas: int) -> list[list[str]]:
-    """The replica groups of `nodes` (each of size >= replicas, unless fewer nodes)."""
+def groups(nodes: Iterable[str], replicas: int, holds: Holds | None = None) -> list[list[str]]:
+    """The replica groups of `nodes` (each of size >= replicas, unless fewer nodes); with
+    `holds`, nodes holding the same shard are kept apart where they can be."""
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     ordered = sorted(set(nodes))
@@ -30,16 +39,33 @@ def groups(nodes: Iterable[str], replicas: int) -> list[list[str]]:
         return [[n] for n in ordered]
     if len(ordered) < replicas:
         return [ordered]
+    if holds:
+        ordered = _apart(ordered, replicas, {n: set(holds.get(n, ())) for n in ordered})
     out = [ordered[i : i + replicas] for i in range(0, len(ordered), replicas)]
     if len(out[-1]) < replicas:
         out[-2].extend(out.pop())
     return out
 
 
-def peers(nodes: Iterable[str], replicas: int) -> dict[str, list[str]]:
+def _apart(ordered: list[str], size: int, held: dict[str, set[str]]) -> list[str]:
+    """`ordered` rearranged so that each run of `size` nodes (a group) holds no shard twice,
+    greedily in node order: each group takes the first node left that shares no shard with
+    it, else the first node left. Every party computes the same order."""
+    left, out = list(ordered), []
+    while left:
+        group: set[str] = set()
+        for _ in range(min(size, len(left))):
+            pick = next((n for n in left if not held[n] & group), left[0])
+            left.remove(pick)
+            out.append(pick)
+            group |= held[pick]
+    return out
+
+
+def peers(nodes: Iterable[str], replicas: int, holds: Holds | None = None) -> dict[str, list[str]]:
     """node -> the other nodes that hold copies of its shards (its group, minus itself)."""
     plan: dict[str, list[str]] = {}
-    for group in groups(nodes, replicas):
+    for group in groups(nodes, replicas, holds):
         for node in group:
             plan[node] = [n for n in group if n != node]
     return plan

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from stalwart.ckpt.dcp_format import shard_signature
 from stalwart.ckpt.durable import DurableStore, open_store
 from stalwart.ckpt.ring import RingReader
 from stalwart.ckpt.snapshot import Snapshot, TensorMeta, payload_checksum
@@ -79,6 +80,7 @@ class NodeAgent:
         self._fence = 0  # hand-overs of generations below this one are refused
         self._corrupt_next: dict[int, int] = {}  # chaos corrupt_shard: rank -> hand-overs
         self._durable: dict[tuple[str, str], DurableStore] = {}
+        self._sigs: dict[int, str | None] = {}  # rank -> its shards' signature (ReplicaPlan)
         self._lock = threading.Lock()
         self._beats: dict[int, dict[str, Any]] = {}
         self._output: list[dict[str, Any]] = []  # the ranks' printed lines, for the report
@@ -355,6 +357,7 @@ class NodeAgent:
         with self._lock:
             self._beats.clear()
         ranks = {int(k): v for k, v in ranks.items()}
+        self._sigs = {}
         if self.rings is not None:
             self.rings.close_rank(None)  # the workers open rings under their new ranks
         self.replicas.rekey(ranks)
@@ -452,6 +455,15 @@ class NodeAgent:
             text = f"py-spy failed: {e}"
         return {"pid": pid, "via": "py-spy", "text": text}
 
+    def _shard_sigs(self) -> dict[int, str]:
+        """rank -> the signature of the DTensor shards its snapshots hold (ranks holding the
+        same ones: HSDP's replicas), for the mesh-aware replica placement; each rank's
+        worked out once (its layout does not change), ranks with no DTensors left out."""
+        for rank, steps in self.store.stored().items():
+            if rank not in self._sigs:
+                self._sigs[rank] = _signature_of(self.store, rank, steps)
+        return {r: sig for r, sig in self._sigs.items() if sig is not None}
+
     def report(self) -> dict[str, Any]:
         self._contact = time.monotonic()
         with self._lock:
@@ -480,12 +492,18 @@ class NodeAgent:
                 "held_bytes": self.store.nbytes() + self.replicas.nbytes(),
                 "notes": self.store.take_notes(),
                 "fence": self._fence,
+                "shard_sigs": self._shard_sigs(),
                 "replication": self.replicator.status(),
                 "fired": sorted(self._fired),
                 "gpus": self._gpu_report(),
                 "gpu_probe": self.probe.kind if self.probe else None,
                 "gpu_probe_error": self.gpu_probe_error,
             }
+
+
+def _signature_of(store: Any, rank: int, steps: list[int]) -> str | None:
+    snap = store.get(rank, max(steps)) if steps else None
+    return shard_signature(bytes(snap.skeleton)) if snap is not None else None
 
 
 def _py_spy() -> str:

@@ -82,6 +82,7 @@ class Checkpoints:
             self.replicas_held[rep["node"]] = rep.get("replicas", {})
             self.replication[rep["node"]] = rep.get("replication", {})
             self.held_bytes[rep["node"]] = rep.get("held_bytes", 0)
+            self.plan.holds[rep["node"]] = frozenset(rep.get("shard_sigs", {}).values())
             self.fence = max(self.fence, rep.get("fence", 0))
             for rank, steps in rep["stored"].items():
                 merged[int(rank)].update(steps)
@@ -112,6 +113,7 @@ class Checkpoints:
         self.stored.pop(node, None)
         self.replicas_held.pop(node, None)
         self.replication.pop(node, None)
+        self.plan.holds.pop(node, None)
 
     def _holders(self, step: int) -> dict[int, list[str]]:
         """rank -> the live nodes whose memory holds its shard of `step` (own or copy)."""

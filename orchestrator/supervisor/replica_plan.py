@@ -40,6 +40,10 @@ class ReplicaPlan:
         self._emit = emit
         self.copies = 1  # copies of each shard the plan keeps (fewer nodes than replicas)
         self.nodes: tuple[str, ...] = ()  # the live nodes the plan is made of
+        # node -> signatures of the DTensor shards its ranks hold (agents report them): the
+        # placement keeps nodes holding the same shard (HSDP's replicas) in other groups.
+        self.holds: dict[str, frozenset[str]] = {}
+        self._planned_holds: dict[str, frozenset[str]] = {}
         self.stride = spec.every_steps  # steps apart of the copies sent
         self.steady_rate: float | None = None  # steps/s, median of the last 10 steps
         self.replicating: tuple[int, float] | None = None  # (step asked for, when)
@@ -53,11 +57,12 @@ class ReplicaPlan:
         """Tell every agent its replica-group peers when the set of live nodes changed."""
         pool = self.pool
         nodes = tuple(sorted(n for n in pool.agents if n not in pool.lost_nodes))
-        if nodes == self.nodes:
+        holds = {n: self.holds[n] for n in nodes if self.holds.get(n)}
+        if nodes == self.nodes and holds == self._planned_holds:
             return
-        self.nodes = nodes
+        self.nodes, self._planned_holds = nodes, holds
         wanted = self.spec.replicas
-        plan = replica_peers(nodes, wanted)
+        plan = replica_peers(nodes, wanted, holds)
         self.copies = max(1, effective_copies(nodes, wanted))
         for node, others in plan.items():
             pool.agents[node].set_stride.remote(self.stride)
@@ -65,7 +70,7 @@ class ReplicaPlan:
         self.replicating = None  # a step asked of the old groups may never complete
         self._emit(
             "replica_plan",
-            groups=replica_groups(nodes, wanted),
+            groups=replica_groups(nodes, wanted, holds),
             copies=self.copies,
             reason=(
                 f"{self.copies} cop{'y' if self.copies == 1 else 'ies'} of every shard on "
@@ -83,7 +88,8 @@ class ReplicaPlan:
         peer with a rank of the job), or None (one copy, or no rank there)."""
         pool = self.pool
         nodes = tuple(sorted(n for n in pool.agents if n not in pool.lost_nodes))
-        for node in replica_peers(nodes, self.spec.replicas).get(pool.node_of(rank), []):
+        peers = replica_peers(nodes, self.spec.replicas, self._planned_holds)
+        for node in peers.get(pool.node_of(rank), []):
             there = [r for r in sorted(pool.workers) if pool.node_of(r) == node]
             if there:
                 return there[0]

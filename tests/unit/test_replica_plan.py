@@ -95,3 +95,27 @@ def test_with_one_copy_nothing_is_sent():
     assert agents["a"].asked() == []
     plan.replicate({0: {5}}, committed=5, statuses={})
     assert plan.required is None
+
+
+def test_the_plan_is_made_again_when_the_agents_report_which_shards_their_ranks_hold():
+    agents = {n: _Agent() for n in "abcd"}
+    pool = SimpleNamespace(agents=agents, lost_nodes=set())
+    events: list = []
+    plan = ReplicaPlan(
+        CheckpointSpec(replicas=2), pool, lambda kind, **f: events.append((kind, f)), _Clock()
+    )
+    plan.sync()
+    assert events[-1][1]["groups"] == [["a", "b"], ["c", "d"]]
+    # HSDP: a and b hold the same shard (replicas along the replicate dimension), c and d.
+    plan.holds.update(
+        a=frozenset({"s0"}), b=frozenset({"s0"}), c=frozenset({"s1"}), d=frozenset({"s1"})
+    )
+    plan.sync()
+    assert [e[1]["groups"] for e in events if e[0] == "replica_plan"][-1] == [
+        ["a", "c"],
+        ["b", "d"],
+    ]
+    assert ("set_peers", {"c": agents["c"]}) in agents["a"].calls
+    count = len(events)
+    plan.sync()  # nothing changed: no new plan
+    assert len(events) == count

@@ -72,3 +72,36 @@ def test_a_copy_is_never_on_its_own_node_and_groups_are_symmetric():
         assert node not in others
         for other in others:
             assert node in plan[other]
+
+
+# --- the mesh: nodes holding the same shard (HSDP's replicas) in different groups ---------
+
+
+def test_nodes_holding_the_same_shard_go_to_different_groups():
+    # One rank per node, mesh [[0, 1], [2, 3]] placed A:0 B:2 C:1 D:3: A and B hold the
+    # same shard (replicas along the replicate dimension), so do C and D.
+    holds = {"A": {"s0"}, "B": {"s0"}, "C": {"s1"}, "D": {"s1"}}
+    assert groups(["A", "B", "C", "D"], 2) == [["A", "B"], ["C", "D"]]
+    assert groups(["A", "B", "C", "D"], 2, holds) == [["A", "C"], ["B", "D"]]
+    assert peers(["D", "C", "B", "A"], 2, holds)["A"] == ["C"]
+
+
+@pytest.mark.parametrize("n", range(2, 9))
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_the_mesh_aware_groups_keep_the_guarantee(n, replicas):
+    nodes = [f"n{i}" for i in range(n)]
+    holds = {node: {f"s{i % 2}"} for i, node in enumerate(nodes)}  # two shards, alternating
+    out = groups(nodes, replicas, holds)
+    assert sorted(x for g in out for x in g) == sorted(nodes)  # a partition
+    assert all(len(g) >= min(replicas, n) for g in out)
+    plan = peers(nodes, replicas, holds)
+    for lost in itertools.combinations(nodes, min(replicas, n) - 1):
+        for node in lost:  # its shards: a copy on a peer that is not lost
+            assert any(p not in lost for p in plan[node]), (lost, node, plan[node])
+
+
+def test_shards_are_kept_apart_where_the_nodes_allow_it_only():
+    # Three nodes of one shard and one of another: a group of two must pair two alike.
+    holds = {"A": {"s0"}, "B": {"s0"}, "C": {"s0"}, "D": {"s1"}}
+    out = groups(["A", "B", "C", "D"], 2, holds)
+    assert out == [["A", "D"], ["B", "C"]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import json
 import socket
 import threading
 import time
@@ -106,13 +107,15 @@ def _blocked(call, group) -> tuple[str, float, bool]:
     return "returned", 0.0, pending[0]
 
 
-def _worker(rank: int, port: int, out) -> None:
+def _worker(rank: int, port: int, out_dir: str, out) -> None:
     try:
         from torch.distributed.device_mesh import init_device_mesh
 
-        from stalwart.ckpt import dtensor
+        from stalwart.ckpt import dtensor, reshard
+        from stalwart.ckpt.dcp_format import shard_signature
+        from stalwart.ckpt.durable import DurableStore
         from stalwart.ckpt.fsdp import ShardedModel, ShardedOptimizer, sharded_views
-        from stalwart.ckpt.snapshot import SnapshotBuffer, restore, state_digest
+        from stalwart.ckpt.snapshot import Snapshot, SnapshotBuffer, restore, state_digest
         from stalwart.orchestrator.worker.collective import ElasticGroup
         from stalwart.orchestrator.worker.divergence import DivergenceGuard, ReplicaDivergence
         from stalwart.orchestrator.worker.torch_group import AbortableProcessGroup
@@ -147,7 +150,27 @@ def _worker(rank: int, port: int, out) -> None:
         _steps(net, opt, rank, range(3))
         state = {name: v.state_dict() for name, v in views.items()}
         res["optimizer_keys"] = sorted(state["optimizer"]["state"])
-        snap = SnapshotBuffer().capture(3, state)  # the allow-list check runs here
+        saved_full = {
+            k: v.full_tensor().numpy().tobytes() for k, v in views["model"].state_dict().items()
+        }
+        # As ctx snapshots it (context._state); the allow-list check runs here.
+        snap = SnapshotBuffer().capture(3, {"step": 3, "objects": state})
+        res["sig"] = shard_signature(bytes(snap.skeleton))
+        # The step as a DCP checkpoint: every rank writes its file, rank 0 the index.
+        durable = DurableStore(out_dir, "job")
+        write = durable.write_rank(
+            3, rank, Snapshot(3, snap.skeleton, snap.metas, snap.payload.clone().numpy())
+        )
+        store.set(f"write{rank}", json.dumps(write))
+        writes = [json.loads(store.get(f"write{r}")) for r in range(WORLD)]
+        if rank == 0:
+            durable.write_manifest(3, WORLD, writes=writes)
+            store.set("manifest", "1")
+        store.wait(["manifest"])
+        manifest = durable.verify(3, WORLD)
+        res["sharded_manifest"] = manifest.sharded
+        res["read_back"] = durable.read_shard(3, rank, manifest).digest() == snap.digest()
+        res["files"] = sorted(w["record"]["file"] for w in writes)
         full_bytes = sum(t.numel() * t.element_size() for t in plain.values())
         # Parameters and AdamW's two moments: a shard group of 2 keeps about half of each.
         res["shard_fraction"] = sum(m.nbytes for m in snap.metas) / (3 * full_bytes)
@@ -175,7 +198,7 @@ def _worker(rank: int, port: int, out) -> None:
         views2 = sharded_views({"model": net2, "optimizer": opt2})
         back = restore(snap, "cpu", dtensor.rebuilder(dtensor.meshes_of([net2, opt2])))
         for name, view in views2.items():
-            view.load_state_dict(back[name])
+            view.load_state_dict(back["objects"][name])
         _steps(net2, opt2, rank, range(3, 6))
         res["resumed"] = _local(net2)
         res["resumed_digest"] = state_digest(views2["model"].state_dict())
@@ -193,6 +216,13 @@ def _worker(rank: int, port: int, out) -> None:
             res["other_mesh"] = None
         except dtensor.MeshChanged as e:
             res["other_mesh"] = str(e)
+        # ... and loaded resharded from the durable step: the full tensors are the same.
+        views3 = sharded_views({"model": net3, "optimizer": opt3})
+        reshard.load(views3, ["model", "optimizer"], durable.reader(3, manifest), "step 3")
+        res["resharded"] = {
+            k: v.full_tensor().numpy().tobytes() for k, v in views3["model"].state_dict().items()
+        }
+        res["saved_full"] = saved_full
 
         # Generation 3: rank 2 never joins its replicate group's all-reduce (with rank 0).
         _configure(group, store, rank, 3)
@@ -214,11 +244,12 @@ def _reduce(t: torch.Tensor, op: str, group) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def ranks():
+def ranks(tmp_path_factory):
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, out)) for r in range(WORLD)]
+    out_dir = str(tmp_path_factory.mktemp("durable"))
+    procs = [ctx.Process(target=_worker, args=(r, port, out_dir, out)) for r in range(WORLD)]
     for p in procs:
         p.start()
     try:
@@ -285,3 +316,21 @@ def test_a_subgroup_collective_a_peer_never_joins_is_released_by_the_abort(ranks
     assert was_pending
     assert "a peer died" in raised, raised
     assert after_s < 30, after_s  # the abort, not gloo's 60 s timeout
+
+
+def test_replicas_of_the_same_shard_have_the_same_signature(ranks):
+    sigs = [res["sig"] for res in ranks]
+    assert None not in sigs
+    assert sigs[0] == sigs[2] and sigs[1] == sigs[3] and sigs[0] != sigs[1]
+
+
+def test_an_hsdp_step_is_a_dcp_checkpoint_each_rank_reads_back_exactly(ranks):
+    for res in ranks:
+        assert res["files"] == [f"__{r}_0.distcp" for r in range(WORLD)]
+        assert res["sharded_manifest"] is True
+        assert res["read_back"]  # replicas' chunks written once, found in the other's file
+
+
+def test_an_hsdp_step_loads_resharded_onto_another_mesh(ranks):
+    for res in ranks:
+        assert res["resharded"] == res["saved_full"]
