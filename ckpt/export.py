@@ -1,8 +1,8 @@
 """Export one rank's durable checkpoint into standard formats: what `stalwart checkpoint
 export` does (docs/checkpoints.md, "Keeping the result").
 
-The durable tier keeps stalwart's own shard format (ckpt/durable.py: one flat buffer per
-rank plus an allow-listed skeleton). This module is the bridge out of it:
+The durable tier keeps DCP steps (ckpt/durable.py; format 1: one flat buffer per rank plus
+an allow-listed skeleton). This module is the bridge out of them:
 
 * `locate` finds the store: a durable URI (``URI`` or ``URI/JOB``, with or without a job
   name), or a run directory, whose result.json names the job and its ``persist.uri`` (a run
@@ -13,7 +13,9 @@ rank plus an allow-listed skeleton). This module is the bridge out of it:
   allow-listed skeleton) and writes each registered object's state dict to OUT as
   ``OBJECT.pt`` or ``OBJECT.safetensors`` (ckpt/export_formats.py), then
   ``manifest.json``, last: an OUT without it is an incomplete export. The RNG states are
-  not exported: they only matter for resuming under stalwart.
+  not exported: they only matter for resuming under stalwart. A sharded object (a model
+  under fully_shard, its optimizer) is exported whole: its full tensors, assembled from
+  every rank's chunks, keyed by parameter FQN (`rank_state`).
 
 Errors: `ExportError` is the caller's input (no such directory, no durable tier, an unknown
 step or rank, a non-empty OUT); `ExportFailed` and ckpt.durable's `CorruptCheckpoint` and
@@ -252,11 +254,31 @@ def _brief(steps: list[int], limit: int = 20) -> str:
 # -- restoring and checking OUT ----------------------------------------------------------
 
 
-def rank_state(picked: Picked) -> dict[str, Any]:
-    """The restored state ({"step", "objects", "rng"}) of the picked shard."""
+class _Shard:
+    """Where a DTensor's shard was in a rank's state: its object is exported whole."""
+
+
+def _shard(ref: Any, local: Any) -> _Shard:
+    return _Shard()
+
+
+def _has_shards(obj: Any) -> bool:
+    if isinstance(obj, _Shard):
+        return True
+    if isinstance(obj, dict):
+        return any(_has_shards(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return any(_has_shards(v) for v in obj)
+    return False
+
+
+def rank_state(picked: Picked, store: DurableStore | None = None) -> dict[str, Any]:
+    """The restored state ({"step", "objects", "rng"}) of the picked shard. An object
+    holding DTensor shards (FSDP2, HSDP: a DCP step's) is assembled whole from every rank's
+    chunks (ckpt/reshard.py): its full tensors, as the model unsharded has them."""
     step, rank = picked.manifest.step, picked.rank
     try:
-        state = restore(picked.snapshot)
+        state = restore(picked.snapshot, rebuild=_shard)
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, RuntimeError) as e:
         raise ExportFailed(
             f"rank {rank}'s state of step {step} does not restore here: {type(e).__name__}: {e}"
@@ -265,6 +287,17 @@ def rank_state(picked: Picked) -> dict[str, Any]:
         raise ExportFailed(
             f"rank {rank}'s state of step {step} is not a stalwart rank state (no 'objects')"
         )
+    sharded = [n for n, v in state["objects"].items() if _has_shards(v)]
+    if sharded and store is not None:
+        from stalwart.ckpt.dcp_format import CheckpointMismatch
+        from stalwart.ckpt.reshard import full_state
+
+        reader = store.reader(step, picked.manifest)
+        for name in sharded:
+            try:
+                state["objects"][name] = full_state(reader, name)
+            except CheckpointMismatch as e:
+                raise ExportFailed(f"step {step}: {name} cannot be assembled: {e}") from None
     return state
 
 
@@ -309,7 +342,7 @@ def export(
     location = locate(source, job)
     store = location.store()
     picked = pick(store, step, rank)
-    state = rank_state(picked)
+    state = rank_state(picked, store)
     manifest = picked.manifest
     names = list(state["objects"])
     for name in names:

@@ -15,6 +15,7 @@ it computes nothing); the training after it is not the same as at the old world 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -98,7 +99,7 @@ def load(views: Mapping[str, Any], names: list[str], reader: Any, where: str) ->
 
 
 def full_state(reader: Any, name: str) -> dict[str, torch.Tensor]:
-    """Registered object `name`'s tensors as full (unsharded) tensors, assembled from every
+    """Registered object `name`'s state with full (unsharded) tensors, assembled from every
     rank's chunks (what `stalwart checkpoint export` writes of a sharded checkpoint)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._nested_dict import unflatten_state_dict
@@ -106,11 +107,13 @@ def full_state(reader: Any, name: str) -> dict[str, torch.Tensor]:
     metadata = reader.read_metadata()
     flat: dict[str, Any] = {}
     for key, md in metadata.state_dict_metadata.items():
-        if key.split(".", 1)[0] != name or not hasattr(md, "size"):
+        if key.split(".", 1)[0] != name:
             continue
-        flat[key] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
+        # A value (a learning rate, the parameter names) is read as it was saved.
+        is_tensor = hasattr(md, "size")
+        flat[key] = torch.empty(tuple(md.size), dtype=md.properties.dtype) if is_tensor else None
     if not flat:
-        raise CheckpointMismatch(f"the checkpoint holds no tensors of {name!r}")
+        raise CheckpointMismatch(f"the checkpoint holds no state of {name!r}")
     _dcp_load(dcp, flat, reader, "the checkpoint")
     mapping = {k: tuple(metadata.planner_data.get(k, (k,))) for k in flat}
     return unflatten_state_dict(flat, mapping)[name]
@@ -122,7 +125,10 @@ def _dcp_load(dcp: Any, state: dict[str, Any], reader: Any, where: str) -> None:
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
-        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
+        with warnings.catch_warnings():
+            # no_dist is asked for: each rank loads what its own shards need.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
     except CheckpointException as e:
         causes = [f"{type(c).__name__}: {c}" for c in getattr(e, "failures", {}).values()]
         cause = "; ".join(causes)[:600] or str(e)[:600]

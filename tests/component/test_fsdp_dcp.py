@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.component.conftest import REPO, events_of, small_spec
+from tests.component.conftest import REPO, events_of, small_spec, stalwart_cli
 from tests.component.multinode import WORKER_NODE_CPUS
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(600)]
@@ -73,6 +73,18 @@ def test_a_dcp_checkpoint_stalwart_wrote_loads_with_plain_dcp_load(mrun, tmp_pat
     losses, digest = plain(world=4, steps=16, start=8, load=str(step8))
     assert digest == result["model_digest"]
     assert losses[0] == list(losses_of(tmp_path / "out", 0, 4).values())[8:]
+    # `stalwart checkpoint export` of the sharded step 16: the full model, whose digest is
+    # the job's (the digest of a sharded model is the unsharded model's).
+    out = tmp_path / "export"
+    done = stalwart_cli("checkpoint", "export", str(uri), str(out), "--format", "torch")
+    assert done.returncode == 0, done.stderr
+    import torch
+
+    from stalwart.ckpt.snapshot import state_digest
+
+    full = torch.load(out / "model.pt", weights_only=True)
+    assert state_digest(full) == result["model_digest"]
+    assert full["head.weight"].shape == (5, 24)
 
 
 def test_a_job_starts_from_a_plain_torchrun_dcp_checkpoint(mrun, tmp_path):
