@@ -53,7 +53,7 @@ from stalwart.ckpt.export_formats import (
     strip_wrapper_prefix,
     tensor_stats,
 )
-from stalwart.ckpt.snapshot import Snapshot, restore
+from stalwart.ckpt.snapshot import Snapshot
 
 FORMATS = ("torch", "safetensors")
 EXPORT_KIND = "stalwart-export-1"
@@ -254,31 +254,18 @@ def _brief(steps: list[int], limit: int = 20) -> str:
 # -- restoring and checking OUT ----------------------------------------------------------
 
 
-class _Shard:
-    """Where a DTensor's shard was in a rank's state: its object is exported whole."""
-
-
-def _shard(ref: Any, local: Any) -> _Shard:
-    return _Shard()
-
-
-def _has_shards(obj: Any) -> bool:
-    if isinstance(obj, _Shard):
-        return True
-    if isinstance(obj, dict):
-        return any(_has_shards(v) for v in obj.values())
-    if isinstance(obj, list | tuple):
-        return any(_has_shards(v) for v in obj)
-    return False
-
-
-def rank_state(picked: Picked, store: DurableStore | None = None) -> dict[str, Any]:
+def rank_state(picked: Picked, store: DurableStore) -> dict[str, Any]:
     """The restored state ({"step", "objects", "rng"}) of the picked shard. An object
     holding DTensor shards (FSDP2, HSDP: a DCP step's) is assembled whole from every rank's
     chunks (ckpt/reshard.py): its full tensors, as the model unsharded has them."""
+    from stalwart.ckpt.dcp_format import CheckpointMismatch
+    from stalwart.ckpt.reshard import whole_state
+
     step, rank = picked.manifest.step, picked.rank
     try:
-        state = restore(picked.snapshot, rebuild=_shard)
+        state = whole_state(picked.snapshot, lambda: store.reader(step, picked.manifest))
+    except CheckpointMismatch as e:
+        raise ExportFailed(f"step {step}: a sharded object cannot be assembled: {e}") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, RuntimeError) as e:
         raise ExportFailed(
             f"rank {rank}'s state of step {step} does not restore here: {type(e).__name__}: {e}"
@@ -287,17 +274,6 @@ def rank_state(picked: Picked, store: DurableStore | None = None) -> dict[str, A
         raise ExportFailed(
             f"rank {rank}'s state of step {step} is not a stalwart rank state (no 'objects')"
         )
-    sharded = [n for n, v in state["objects"].items() if _has_shards(v)]
-    if sharded and store is not None:
-        from stalwart.ckpt.dcp_format import CheckpointMismatch
-        from stalwart.ckpt.reshard import full_state
-
-        reader = store.reader(step, picked.manifest)
-        for name in sharded:
-            try:
-                state["objects"][name] = full_state(reader, name)
-            except CheckpointMismatch as e:
-                raise ExportFailed(f"step {step}: {name} cannot be assembled: {e}") from None
     return state
 
 

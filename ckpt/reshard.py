@@ -16,7 +16,7 @@ it computes nothing); the training after it is not the same as at the old world 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -133,3 +133,35 @@ def _dcp_load(dcp: Any, state: dict[str, Any], reader: Any, where: str) -> None:
         causes = [f"{type(c).__name__}: {c}" for c in getattr(e, "failures", {}).values()]
         cause = "; ".join(causes)[:600] or str(e)[:600]
         raise CheckpointMismatch(f"{where} could not be loaded: {cause}") from None
+
+
+class _Shard:
+    """Where a DTensor's shard was in a rank's restored state (`whole_state`)."""
+
+
+def _has_shards(obj: Any) -> bool:
+    if isinstance(obj, _Shard):
+        return True
+    if isinstance(obj, dict):
+        return any(_has_shards(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return any(_has_shards(v) for v in obj)
+    return False
+
+
+def whole_state(snapshot: Any, reader: Callable[[], Any]) -> Any:
+    """A rank's restored state (ckpt.snapshot.restore) with every object that holds DTensor
+    shards assembled whole from the step's chunks (`reader()`, asked only then): what
+    `stalwart checkpoint export` writes and `stalwart verify` compares."""
+    from stalwart.ckpt.snapshot import restore
+
+    state = restore(snapshot, rebuild=lambda ref, local: _Shard())
+    objects = state.get("objects") if isinstance(state, dict) else None
+    if not isinstance(objects, dict):
+        return state
+    names = [n for n, v in objects.items() if _has_shards(v)]
+    if names:
+        source = reader()
+        for name in names:
+            objects[name] = full_state(source, name)
+    return state

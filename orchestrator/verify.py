@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,6 @@ from typing import Any
 
 from stalwart.ckpt.compare import ObjectDiff, compare_objects
 from stalwart.ckpt.durable import CorruptCheckpoint, DurableError, DurableStore
-from stalwart.ckpt.snapshot import restore
 from stalwart.orchestrator.spec import JobSpec
 
 
@@ -87,12 +87,18 @@ def variant(spec: JobSpec, steps: int, faults: list[dict[str, Any]], uri: str) -
 
 
 def final_states(uri: str, job: str, world: int) -> dict[int, Any]:
-    """rank -> the restored state of the newest durable checkpoint under `uri`."""
+    """rank -> the restored state of the newest durable checkpoint under `uri` (a sharded
+    model and its optimizer whole: their full tensors, ckpt/reshard.py)."""
+    from stalwart.ckpt.reshard import whole_state
+
     store = DurableStore(uri, job)
     manifest, _ = store.newest_valid(world_size=world)
     if manifest is None:
         raise FileNotFoundError(f"{uri}: the run left no complete durable checkpoint")
-    return {r: restore(store.read_shard(manifest.step, r, manifest)) for r in range(world)}
+    reader = functools.cache(lambda: store.reader(manifest.step, manifest))
+    return {
+        r: whole_state(store.read_shard(manifest.step, r, manifest), reader) for r in range(world)
+    }
 
 
 def verify(
