@@ -18,11 +18,11 @@ threads). This uses two private torch.distributed helpers (``_register_pg_in_wor
 tests/unit/test_collective_world.py fails on an upgrade that changes their behaviour).
 
 A DDP on that group (``ctx.prepare_model``'s, or one the loop builds: worker/torchrun.py)
-reduces its gradients through FlatGradReducer, a comm hook that reduces all of them as one
-flat buffer in the model's parameter order, so the floating-point summation order does not
-depend on DDP's bucket layout, which differs between a fresh DDP and one that has rebuilt
-its buckets. That keeps recovery bit-exact; the price is no overlap of communication with
-backward.
+reduces its gradients in stalwart's own buckets (worker/buckets.py): a layout fixed by the
+model's parameters alone, not DDP's, which differs between a fresh DDP and one that has
+rebuilt its buckets, so the floating-point sums are the same in a recovered run; each
+bucket's all-reduce (``all_reduce_async``, abortable) starts as soon as its gradients are
+in, overlapping the rest of the backward.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from stalwart.orchestrator.compat import require_torch
+from stalwart.orchestrator.worker.buckets import reduce_in_buckets
 from stalwart.orchestrator.worker.torch_group import KIND_OF, AbortableProcessGroup
 
 require_torch()  # the private helpers below: a clear error now, not in a recovery
@@ -186,9 +187,12 @@ class ElasticGroup:
         self.backend = "gloo"
         self.device = torch.device("cpu")
         self.restoring = False  # a restore follows this generation's start (set by the worker)
-        # Seconds collectives took from issue to completion, summed: the time a rank spends
-        # waiting for its peers (straggler detection subtracts it from step time).
+        # Seconds during which at least one collective was pending: the time a rank spends
+        # waiting for its peers (straggler detection subtracts it from step time). Not a
+        # sum over collectives: DDP's bucket all-reduces overlap each other and the
+        # backward, and their sum could exceed the step.
         self.collective_seconds = 0.0
+        self._busy_since = 0.0  # when the pending set last became non-empty
 
     def pending_since(self) -> float | None:
         """When the oldest collective still pending was issued (monotonic), if any."""
@@ -332,6 +336,8 @@ class ElasticGroup:
         """Fail every pending and future collective of this generation with GroupAborted."""
         with self._lock:
             self._aborted = reason
+            if self._pending:
+                self.collective_seconds += time.monotonic() - self._busy_since
             pending, self._pending = list(self._pending), {}
             backend = self._backend
             subgroups = [be for _, be in self._subgroups]
@@ -346,6 +352,11 @@ class ElasticGroup:
     @property
     def aborted(self) -> str | None:
         return self._aborted
+
+    def abort_error(self) -> GroupAborted | None:
+        """What a waiter on this generation fails with once it is aborted (None before)."""
+        reason = self._aborted
+        return None if reason is None else GroupAborted(reason)
 
     @property
     def process_group(self) -> dist.ProcessGroup:
@@ -369,14 +380,17 @@ class ElasticGroup:
             if self._aborted is not None:
                 out.set_exception(GroupAborted(self._aborted))
                 return out
-            self._pending[out] = issued = time.monotonic()
+            if not self._pending:
+                self._busy_since = time.monotonic()
+            self._pending[out] = time.monotonic()
 
         def finished(fut: torch.futures.Future) -> None:
             with self._lock:
                 if out not in self._pending:
                     return  # aborted meanwhile: the exception is already set
                 del self._pending[out]
-                self.collective_seconds += time.monotonic() - issued
+                if not self._pending:
+                    self.collective_seconds += time.monotonic() - self._busy_since
             try:
                 fut.value()
                 value = result(fut)
@@ -412,77 +426,16 @@ class ElasticGroup:
         return self.all_reduce_async(tensor, op).wait()
 
 
-class FlatGradReducer:
-    """DDP comm hook state: collect all buckets, reduce once in parameter order, average."""
-
-    def __init__(self, group: ElasticGroup, module: torch.nn.Module):
-        self.group = group
-        params = [p for p in module.parameters() if p.requires_grad]
-        self._index = {id(p): i for i, p in enumerate(params)}
-        self._sizes = [p.numel() for p in params]
-        self._offsets = [0]
-        for n in self._sizes:
-            self._offsets.append(self._offsets[-1] + n)
-        dtypes = {p.dtype for p in params}
-        if len(dtypes) != 1:
-            raise ValueError(
-                f"prepare_model needs one parameter dtype, got {sorted(map(str, dtypes))}"
-            )
-        self._flat = torch.zeros(self._offsets[-1], dtype=params[0].dtype, device=params[0].device)
-        self._buckets: list[tuple[dist.GradBucket, torch.futures.Future]] = []
-
-    def __call__(self, bucket: dist.GradBucket) -> torch.futures.Future:
-        fut = self.group.new_future()
-        self._buckets.append((bucket, fut))
-        if bucket.is_last():
-            self._flush()
-        return fut
-
-    def _flush(self) -> None:
-        buckets, self._buckets = self._buckets, []
-        for bucket, _ in buckets:
-            for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
-                i = self._index[id(p)]
-                self._flat[self._offsets[i] : self._offsets[i + 1]].copy_(g.reshape(-1))
-        try:
-            reduced = self.group.all_reduce_async(self._flat)
-        except GroupAborted as e:
-            for _, fut in buckets:
-                fut.set_exception(e)
-            return
-        world = self.group.world_size
-
-        def scatter(f: torch.futures.Future) -> None:
-            try:
-                f.value()
-            except Exception as e:
-                for _, fut in buckets:
-                    fut.set_exception(e)
-                return
-            self._flat.div_(world)
-            for bucket, fut in buckets:
-                for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
-                    i = self._index[id(p)]
-                    g.copy_(self._flat[self._offsets[i] : self._offsets[i + 1]].view_as(g))
-                fut.set_result(bucket.buffer())
-
-        reduced.add_done_callback(scatter)
-
-
 def _brief(ranks: list[int]) -> str:
     return f"[{', '.join(map(str, ranks[:8]))}{', ...' if len(ranks) > 8 else ''}]"
-
-
-def flat_hook(state, bucket):
-    # No annotations: DDP inspects them and rejects the strings `from __future__` makes.
-    return state(bucket)
 
 
 def make_ddp(
     module: torch.nn.Module, group: ElasticGroup, device: torch.device, **ddp_kwargs
 ) -> torch.nn.parallel.DistributedDataParallel:
     """DistributedDataParallel on the generation's group (its construction broadcasts rank
-    0's parameters and buffers, as DDP does), its gradients reduced by FlatGradReducer."""
+    0's parameters and buffers, as DDP does), its gradients reduced in stalwart's fixed
+    buckets (worker/buckets.py)."""
     if ddp_kwargs.get("find_unused_parameters"):
         raise ValueError(
             "prepare_model does not support find_unused_parameters: every parameter must get "
@@ -491,10 +444,8 @@ def make_ddp(
     device_ids = [device.index] if device.type == "cuda" else None
     if group.restoring:
         ddp_kwargs.setdefault("init_sync", False)  # the restore overwrites what it would send
-    ddp = torch.nn.parallel.DistributedDataParallel(
-        module, process_group=group.process_group, device_ids=device_ids, **ddp_kwargs
-    )
-    if not getattr(ddp, "_stalwart_flat", False):  # worker/torchrun.install() not run
-        ddp.register_comm_hook(FlatGradReducer(group, module), flat_hook)
-        ddp._stalwart_flat = True
+    ddp_cls = torch.nn.parallel.DistributedDataParallel
+    ddp = ddp_cls(module, process_group=group.process_group, device_ids=device_ids, **ddp_kwargs)
+    if not hasattr(ddp, "_stalwart_reducer"):  # worker/torchrun.install() not run
+        reduce_in_buckets(ddp, group, ddp_cls.register_comm_hook)
     return ddp

@@ -11,12 +11,13 @@ worker process, once `install()` ran:
   world_size it is given) instead of failing with "trying to initialize the default process
   group twice"; ``destroy_process_group`` of the default group does nothing (stalwart owns
   it; the next generation replaces it);
-- a DistributedDataParallel built on that group reduces its gradients through stalwart's
-  flat reducer (collective.FlatGradReducer): one all-reduce of all gradients in parameter
-  order, so the sums do not depend on DDP's bucket layout, which a DDP rebuilt in a
-  recovery has different from a long-running one for its first step. That keeps a
-  recovered run bit-identical to a failure-free one. A comm hook of the user's own is
-  refused with a message saying why.
+- a DistributedDataParallel built on that group reduces its gradients in stalwart's fixed
+  buckets (worker/buckets.py), overlapped with the backward: the layout depends on the
+  model's parameters alone, not on DDP's bucket rebuild (a DDP built again in a recovery
+  has DDP's initial layout while a long-running one has the rebuilt one), so a recovered
+  run stays bit-identical to a failure-free one. ``register_comm_hook`` on it is kept:
+  the user's hook (torch's fp16/bf16 compression, PowerSGD, their own) runs on stalwart's
+  buckets, on the group its state names (the default group, abortable, when None).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from stalwart.orchestrator.worker.buckets import reduce_in_buckets
 from stalwart.orchestrator.worker.torch_group import AbortableProcessGroup
 
 log = logging.getLogger("stalwart.worker")
@@ -163,36 +165,15 @@ def _patch_ddp() -> None:
         original_init(self, module, *args, **kwargs)
         elastic = getattr(self.process_group, "elastic", None)
         if isinstance(self.process_group, AbortableProcessGroup) and elastic is not None:
-            _flat_reduce(self, elastic, original_register)
+            reduce_in_buckets(self, elastic, original_register)
 
     @functools.wraps(original_register)
     def register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:
-        if getattr(self, "_stalwart_flat", False):
-            raise ValueError(
-                "DistributedDataParallel.register_comm_hook: stalwart reduces the gradients "
-                "of a DDP on its process group itself, in one fixed order, so that a "
-                "recovered run ends with the failure-free model; a comm hook of your own is "
-                "not supported (docs/exactness.md)"
-            )
-        return original_register(self, state, hook)
+        reducer = getattr(self, "_stalwart_reducer", None)
+        if reducer is None:
+            return original_register(self, state, hook)
+        reducer.use(state, hook)  # run on stalwart's buckets, which DDP's hook feeds
+        return None
 
     ddp_cls.__init__ = __init__
     ddp_cls.register_comm_hook = register_comm_hook
-
-
-def _flat_reduce(ddp: Any, elastic: Any, register: Callable[..., Any]) -> None:
-    from stalwart.orchestrator.worker.collective import FlatGradReducer, flat_hook
-
-    if getattr(ddp, "_comm_hooks", None):  # DDP's own (mixed_precision=...) is in place
-        log.warning(
-            "DistributedDataParallel: it reduces gradients through a comm hook of its own "
-            "(mixed_precision?), not stalwart's fixed-order one: a recovery may not be exact"
-        )
-        return
-    try:
-        reducer = FlatGradReducer(elastic, ddp.module)
-    except ValueError as e:  # several parameter dtypes: DDP's own buckets, not exact
-        log.warning("DistributedDataParallel: %s; its gradients use DDP's own buckets", e)
-        return
-    register(ddp, reducer, flat_hook)
-    ddp._stalwart_flat = True
