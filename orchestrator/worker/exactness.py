@@ -6,7 +6,8 @@ recovery (the learning rate goes back to its first value, the loss scale to 6553
 average to the current weights), and the run silently stops matching a failure-free one.
 At the first snapshot, the process's live objects are searched once (the garbage
 collector's list: ~0.1 s in a process that imported torch) for such objects that belong
-with a registered optimizer or model but are not registered themselves.
+with a registered optimizer or model but are not registered themselves, and for a PowerSGD
+comm hook's state (its error feedback and warm-start matrices) that is not registered.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 from torch.optim.lr_scheduler import LRScheduler
 from torch.optim.swa_utils import AveragedModel
 
-_WRAPS = ("module", "optimizer", "optim")  # DDP.module, RankShard.optimizer, ZeRO.optim
+# DDP.module, RankShard.optimizer, ZeRO.optim, a PowerSGDState's adapter (worker/stateful.py)
+_WRAPS = ("module", "optimizer", "optim", "hook_state")
 
 
 def _wrapped(obj: Any) -> list[Any]:
@@ -53,7 +56,7 @@ def _params(objects: Mapping[str, Any]) -> set[int]:
     }
 
 
-_KINDS = (LRScheduler, torch.amp.GradScaler, AveragedModel, torch.optim.Optimizer)
+_KINDS = (LRScheduler, torch.amp.GradScaler, AveragedModel, torch.optim.Optimizer, PowerSGDState)
 
 
 def unregistered(objects: Mapping[str, Any]) -> list[str]:
@@ -85,6 +88,13 @@ def unregistered(objects: Mapping[str, Any]) -> list[str]:
             found.append(
                 "an EMA/averaged model (AveragedModel) is not registered: after a recovery "
                 "the average starts over from the current weights (ctx.register(ema=...))"
+            )
+        elif issubclass(kind, PowerSGDState):
+            found.append(
+                "a PowerSGD comm hook's state (PowerSGDState) is not registered: after a "
+                "recovery its error feedback, warm-start matrices, random generator and "
+                "iteration count (hence when compression starts) start over "
+                "(ctx.register(powersgd=state))"
             )
         elif (
             issubclass(kind, torch.optim.Optimizer)

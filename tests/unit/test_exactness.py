@@ -12,6 +12,7 @@ from torch.optim.swa_utils import AveragedModel
 from stalwart.ckpt.compare import compare_objects
 from stalwart.orchestrator.worker.collective import local_group
 from stalwart.orchestrator.worker.exactness import unregistered
+from stalwart.orchestrator.worker.stateful import stateful
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,6 +56,28 @@ def test_an_unregistered_optimizer_of_a_registered_ddp_model_is_named():
     found = unregistered({"model": ddp})
     assert any("optimizer (Adam)" in f for f in found), found
     assert unregistered({"model": ddp, "optimizer": opt}) == []
+
+
+def test_an_unregistered_powersgd_state_is_named_and_registered_it_round_trips():
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+    from stalwart.ckpt.snapshot import SnapshotBuffer, restore
+
+    net = torch.nn.Linear(3, 3)
+    state = PowerSGDState(process_group=None, start_powerSGD_iter=2, random_seed=3)
+    found = unregistered({"model": net})
+    assert any("PowerSGDState" in f and "ctx.register(powersgd=" in f for f in found), found
+    adapter = stateful("powersgd", state)
+    assert not any("PowerSGD" in f for f in unregistered({"model": net, "powersgd": adapter}))
+    # What changes as the hook runs goes through a snapshot and back.
+    state.iter, state.error_dict[0] = 5, torch.arange(4.0)
+    state.rng.randint(10)
+    snap = SnapshotBuffer().capture(5, {"p": adapter.state_dict()})
+    expect = state.rng.randint(1_000_000)
+    other = PowerSGDState(process_group=None, start_powerSGD_iter=2, random_seed=3)
+    stateful("powersgd", other).load_state_dict(restore(snap)["p"])
+    assert other.iter == 5 and torch.equal(other.error_dict[0], torch.arange(4.0))
+    assert other.rng.randint(1_000_000) == expect
 
 
 def _state(model, opt, step=3):
