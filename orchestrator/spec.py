@@ -282,10 +282,25 @@ class WorkerRange(_Model):
         ge=1, le=MAX_WORKERS, description="fewest data-parallel ranks to continue with"
     )
     max: StrictInt = Field(ge=1, le=MAX_WORKERS, description="ranks to start with and grow back to")
+    multiple_of: StrictInt = Field(
+        1,
+        ge=1,
+        le=MAX_WORKERS,
+        description="the world size stays a multiple of this (HSDP: the shard dimension's "
+        "size, so that the mesh (world // shard, shard) fits every world): a shrink drops "
+        "down to the next multiple, a grow adds whole multiples",
+    )
 
     def model_post_init(self, _ctx: Any) -> None:
         if self.min > self.max:
             raise ValueError(f"workers.min: must be <= workers.max ({self.max}), got {self.min}")
+        for key in ("min", "max"):
+            value = getattr(self, key)
+            if value % self.multiple_of:
+                raise ValueError(
+                    f"workers.{key}: must be a multiple of workers.multiple_of "
+                    f"({self.multiple_of}), got {value}"
+                )
 
 
 def _workers_form(value: Any) -> str:
@@ -350,6 +365,11 @@ class JobSpec(_Model):
     @property
     def min_workers(self) -> int:
         return self.workers.min if isinstance(self.workers, WorkerRange) else self.workers
+
+    @property
+    def world_multiple(self) -> int:
+        """What every world size of the job is a multiple of (workers.multiple_of)."""
+        return self.workers.multiple_of if isinstance(self.workers, WorkerRange) else 1
 
     def model_post_init(self, _ctx: Any) -> None:
         r = self.resources

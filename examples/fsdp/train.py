@@ -1,9 +1,10 @@
 """The quickstart's GPT sharded with FSDP2: ``fully_shard`` on every block and on the root.
 
-With ``config.replicate: R`` (R > 1) it is HSDP, the way torchtitan lays it out: a 2-D mesh
-(replicate=R, shard=world/R), parameters sharded within each group of world/R ranks and
-replicated across the R groups. Every rank reads its own data either way (data parallel
-over all ranks).
+With ``config.shard: S`` (S < the world size) it is HSDP, the way torchtitan lays it out:
+a 2-D mesh (replicate=world/S, shard=S), parameters sharded within each group of S ranks
+and replicated across the groups; the replicate dimension is whatever the world makes of
+it, so an elastic job (``workers: {min, max, multiple_of: S}``) keeps its shard groups.
+Every rank reads its own data either way (data parallel over all ranks).
 
 The mesh and the model are built inside train_loop: a recovery calls it again with the new
 generation's process groups, and restores the registered state into what it builds."""
@@ -22,9 +23,9 @@ def train_loop(ctx) -> None:
     batch = int(ctx.config.get("batch_size", 16))
     lr = float(ctx.config.get("lr", 3e-3))
 
-    replicate = int(ctx.config.get("replicate", 1))
-    if replicate > 1:  # HSDP
-        shape, names = (replicate, ctx.world_size // replicate), ("replicate", "shard")
+    shard = int(ctx.config.get("shard", ctx.world_size))
+    if shard < ctx.world_size:  # HSDP
+        shape, names = (ctx.world_size // shard, shard), ("replicate", "shard")
     else:
         shape, names = (ctx.world_size,), ("shard",)
     mesh = init_device_mesh(ctx.device.type, shape, mesh_dim_names=names)

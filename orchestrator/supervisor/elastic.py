@@ -50,16 +50,18 @@ class Elastic:
         self.growing: dict[Any, tuple[Any, int | None]] = {}
         self._last_check = 0.0
 
-    def shrink(self, missing: list[int]) -> None:
-        """Continue without `missing` (their replacements found no room): renumber the
-        survivors 0..n-1 and rename their shards in every store. Idle workers then wait for
-        room (`check_growth`): when Ray places them, the job grows back."""
+    def shrink(self, missing: list[int], extra: list[int] = ()) -> None:
+        """Continue without `missing` (their replacements found no room) and `extra` (live
+        ranks let go so that the world stays a multiple of workers.multiple_of): renumber
+        the survivors 0..n-1 and rename their shards in every store. Idle workers then wait
+        for room (`check_growth`): when Ray places them, the job grows back."""
         pool = self.pool
         old_world = pool.world
-        pool.drop(missing)
+        pool.drop(missing)  # never placed: nothing to hand over
+        self._quiesce()  # the ranks let go hand over their snapshots in flight too
+        pool.drop(list(extra))
         survivors = sorted(pool.workers)
         mapping = {old: new for new, old in enumerate(survivors)}
-        self._quiesce()
         # The dropped ranks' shards stay, numbered past the new world: a sharded model is
         # restored from the whole old layout (ckpt/reshard.py).
         gone = sorted(set(range(old_world)) - set(survivors))
@@ -71,7 +73,13 @@ class Elastic:
             old_world,
             pool.world,
             f"no room for rank(s) {missing} within "
-            f"failure.replacement_timeout_s={self.spec.failure.replacement_timeout_s}",
+            f"failure.replacement_timeout_s={self.spec.failure.replacement_timeout_s}"
+            + (
+                f"; rank(s) {list(extra)} let go too: the world stays a multiple of "
+                f"workers.multiple_of={self.spec.world_multiple}"
+                if extra
+                else ""
+            ),
             mapping={str(k): v for k, v in mapping.items()},
         )
 
@@ -144,6 +152,11 @@ class Elastic:
             usable.append((actor, bundle))
             nodes.add(info["node_id"])
         usable = usable[: self.spec.max_workers - pool.world]
+        # Whole multiples of workers.multiple_of: the others wait on (asked again).
+        whole = len(usable) // self.spec.world_multiple * self.spec.world_multiple
+        for actor, bundle in usable[whole:]:
+            self.growing[actor.ready.remote()] = (actor, bundle)
+        usable = usable[:whole]
         if usable:
             self._emit("capacity_returned", nodes=sorted(nodes), workers=len(usable))
         return usable

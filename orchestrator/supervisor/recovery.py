@@ -170,8 +170,12 @@ class Recovery:
         pool = self.pool
         timeout_s = self.spec.failure.replacement_timeout_s
         missing = pool.await_ready(sorted(replace), timeout_s, allow_missing=True)
-        if missing and pool.world - len(missing) >= self.spec.min_workers:
-            self.elastic.shrink(missing)
+        # The world stays a multiple of workers.multiple_of: the last survivors go too.
+        multiple = self.spec.world_multiple
+        keep = (pool.world - len(missing)) // multiple * multiple
+        if missing and keep >= self.spec.min_workers:
+            survivors = sorted(set(pool.workers) - set(missing))
+            self.elastic.shrink(missing, survivors[keep:])
             replace -= set(missing)
             work.resized = True
         elif missing:

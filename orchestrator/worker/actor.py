@@ -33,8 +33,8 @@ from stalwart.health.observations import FailureKind
 from stalwart.orchestrator.agent.channel import ChannelError, fetch_from_agent
 from stalwart.orchestrator.chaos import actions as chaos
 from stalwart.orchestrator.spec import JobSpec
+from stalwart.orchestrator.worker import mesh, torchrun
 from stalwart.orchestrator.worker import probes as preflight
-from stalwart.orchestrator.worker import torchrun
 from stalwart.orchestrator.worker.collective import (
     ElasticGroup,
     GroupAborted,
@@ -94,6 +94,7 @@ class TrainWorker:
         self.output.install()
         # Before the loop's module is imported: it may bind init_process_group by name.
         torchrun.install()
+        mesh.install()
         self.fn = load_entrypoint(spec["entrypoint"], base_dir)
         self.boot["entrypoint_loaded"] = time.time()
         self.backend = JobSpec.model_validate(spec).resolved_backend(torch.cuda.is_available())

@@ -33,11 +33,18 @@ class Net(torch.nn.Module):
         return self.head(x)
 
 
-def build(world: int, device_type: str = "cpu", dim: int = DIM):
+def build(world: int, device_type: str = "cpu", dim: int = DIM, shard: int | None = None):
+    """FSDP2 over all ranks, or HSDP with `shard` ranks per shard group (the replicate
+    dimension is whatever the world makes of it, as torchtitan's dp_replicate)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
+    if shard is not None and shard < world:
+        mesh = init_device_mesh(
+            device_type, (world // shard, shard), mesh_dim_names=("replicate", "shard")
+        )
+    else:
+        mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
     net = Net(dim)
     for block in net.blocks:
         fully_shard(block, mesh=mesh)
@@ -78,7 +85,7 @@ def digest(net) -> str:
 def train_loop(ctx) -> None:
     """The job under stalwart: each rank appends (generation, world, step, loss) to
     OUTPUT/loss-rank<R>.jsonl."""
-    net, opt = build(ctx.world_size, ctx.device.type)
+    net, opt = build(ctx.world_size, ctx.device.type, shard=ctx.config.get("shard"))
     ctx.register(model=net, optimizer=opt)
     path = os.path.join(ctx.output_dir, f"loss-rank{ctx.rank}.jsonl")
     for step in ctx.steps():
@@ -99,7 +106,7 @@ def _rank(rank: int, world: int, port: int, args: dict, out) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    net, opt = build(world, dim=args["dim"])
+    net, opt = build(world, dim=args["dim"], shard=args["shard"])
     start = 0
     if args.get("load"):
         state = {
@@ -131,6 +138,7 @@ def main(
     load: str | None = None,
     save: str | None = None,
     dim: int = DIM,
+    shard: int | None = None,
 ):
     """The plain job: `world` processes train steps `start`..`steps`-1 (from the DCP
     checkpoint `load` when given; save one to `save`). Returns {rank: losses}, the final
@@ -144,7 +152,7 @@ def main(
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    args = {"steps": steps, "start": start, "load": load, "save": save, "dim": dim}
+    args = {"steps": steps, "start": start, "load": load, "save": save, "dim": dim, "shard": shard}
     procs = [ctx.Process(target=_rank, args=(r, world, port, args, out)) for r in range(world)]
     for p in procs:
         p.start()

@@ -36,11 +36,11 @@ def fsdp_spec(**changes) -> dict:
     )
 
 
-@pytest.mark.parametrize("replicate", [1, 2], ids=["fsdp2-4", "hsdp-2x2"])
+@pytest.mark.parametrize("shard", [4, 2], ids=["fsdp2-4", "hsdp-2x2"])
 def test_sharded_loop_recovers_bit_exact_from_collective_faults_hang_and_node_loss(
-    replicate, multinode, mrun, mbaseline
+    shard, multinode, mrun, mbaseline
 ):
-    spec = fsdp_spec(config__replicate=replicate, chaos__faults=FAULTS)
+    spec = fsdp_spec(config__shard=shard, chaos__faults=FAULTS)
     result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]
     kinds = [(f["kind"], f["rank"]) for f in result["failures"]]

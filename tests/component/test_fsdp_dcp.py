@@ -45,8 +45,7 @@ def job(tmp_path: Path, **changes) -> dict:
         name="dcp",
         entrypoint="tests.component.plain_fsdp:train_loop",
         output_dir=str(tmp_path / "out"),
-        config={},
-        **changes,
+        **{"config": {}, **changes},
     )
 
 
@@ -153,3 +152,32 @@ def test_shrink_to_2_and_resume_at_3_reshard_with_the_right_loss(multinode, mrun
         assert list(ran.values()) == continued[rank]
     assert resumed["model_digest"] == digest
     assert WORKER_NODE_CPUS == 2  # 2 nodes of 2: a lost node leaves room for 2 ranks only
+
+
+def test_an_hsdp_job_shrinks_to_a_multiple_of_its_shard_groups(multinode, mrun, tmp_path):
+    # HSDP with shard groups of 2, one rank per node: a lost node leaves 3 ranks, one shard
+    # group short; workers.multiple_of=2 lets one more go and the job goes on with 2, its
+    # state resharded from memory from the (2, 2) mesh onto (1, 2).
+    multinode.ensure_worker_nodes(4, exactly=True)
+    spec = job(
+        tmp_path,
+        steps=14,
+        workers={"min": 2, "max": 4, "multiple_of": 2},
+        resources={"cpu": WORKER_NODE_CPUS},
+        config={"shard": 2},
+        failure={"max_restarts": 3, "replacement_timeout_s": 3},
+        chaos__faults=[{"kind": "kill_node", "rank": 1, "at_step": 6, "after_commit": True}],
+    )
+    result = mrun(spec)
+    assert result["status"] == "succeeded", result["error"]
+    [resize] = result["resizes"]
+    assert (resize["from"], resize["to"]) == (4, 2)
+    assert "workers.multiple_of=2" in resize["reason"]
+    first = tmp_path / "plain-6"
+    plain(world=4, shard=2, steps=6, save=str(first))
+    after, _ = plain(world=2, shard=2, steps=14, start=6, load=str(first))
+    for rank in (0, 1):
+        ran = losses_of(tmp_path / "out", rank, 2)
+        assert sorted(ran) == list(range(6, 14))
+        assert list(ran.values()) == after[rank]
+    multinode.ensure_worker_nodes(3)

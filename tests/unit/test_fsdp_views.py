@@ -141,3 +141,26 @@ def test_an_armed_fault_fires_around_the_next_collective_of_its_kind_only():
     assert calls == [("fire", False), ("fire", True)]
     group._on_collective("_reduce_scatter_base", False)  # once: disarmed after it fired
     assert len(calls) == 2
+
+
+def test_workers_that_do_not_fit_the_shard_groups_are_refused_naming_the_field():
+    base = {"name": "t", "entrypoint": "m:f", "steps": 10}
+    with pytest.raises(SpecError, match=r"workers\.min: must be a multiple of workers"):
+        validate({**base, "workers": {"min": 3, "max": 4, "multiple_of": 2}})
+    with pytest.raises(SpecError, match=r"workers\.max: must be a multiple"):
+        validate({**base, "workers": {"min": 2, "max": 5, "multiple_of": 2}})
+    spec = validate({**base, "workers": {"min": 2, "max": 6, "multiple_of": 2}})
+    assert spec.world_multiple == 2
+    assert validate({**base, "workers": 4}).world_multiple == 1
+
+
+def test_a_mesh_the_world_does_not_fill_is_refused_with_what_to_do():
+    from stalwart.orchestrator.worker.mesh import MeshShapeError, check_shape
+
+    check_shape((2, 2), 4)
+    for shape, world in (((2, 2), 3), ((3,), 4), ((2, 4), 4)):
+        with pytest.raises(MeshShapeError) as e:
+            check_shape(shape, world)
+        text = str(e.value)
+        assert f"mesh_shape={shape}" in text and f"world has {world}" in text
+        assert "ctx.world_size" in text and "workers.multiple_of" in text
