@@ -54,6 +54,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from stalwart.ckpt import dtensor
 from stalwart.ckpt.snapshot import Flattener, Snapshot, TensorMeta, views_of
 
 
@@ -273,15 +274,16 @@ class AsyncCapture:
         return t.clone()  # on the training stream: this step's value, whatever comes next
 
     def _guarded_storages(self) -> set[int]:
-        """The storages that only a guarded optimizer's step changes."""
+        """The storages that only a guarded optimizer's step changes (a DTensor's: its local
+        shard's, which is what a snapshot copies: ckpt/dtensor.py)."""
         ptrs = set()
         for opt in self._guarded:
             for group in opt.param_groups:
-                ptrs.update(p.untyped_storage().data_ptr() for p in group["params"])
+                ptrs.update(_storage(p) for p in group["params"])
             for st in opt.state.values():
                 for v in st.values():
                     if isinstance(v, torch.Tensor):
-                        ptrs.add(v.untyped_storage().data_ptr())
+                        ptrs.add(_storage(v))
         return ptrs
 
     def _views(self, slot: _Slot, metas, total: int) -> list[torch.Tensor]:
@@ -313,3 +315,9 @@ class AsyncCapture:
     def free_buffers(self) -> int:
         with self._cond:
             return len(self._free)
+
+
+def _storage(t: torch.Tensor) -> int:
+    if dtensor.is_dtensor(t):
+        t = dtensor.local_shard(t)
+    return t.untyped_storage().data_ptr()

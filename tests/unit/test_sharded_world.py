@@ -174,7 +174,18 @@ def _worker(rank: int, port: int, out_dir: str, out) -> None:
         full_bytes = sum(t.numel() * t.element_size() for t in plain.values())
         # Parameters and AdamW's two moments: a shard group of 2 keeps about half of each.
         res["shard_fraction"] = sum(m.nbytes for m in snap.metas) / (3 * full_bytes)
-        _steps(net, opt, rank, range(3, 6))
+        # The GPU path (ckpt/device_copy.py) on the fake CUDA of tests/unit/test_device_copy:
+        # the DTensors' local shards copied on a side stream, the next step fenced off them.
+        from stalwart.ckpt.device_copy import AsyncCapture
+        from tests.unit.test_device_copy import FakeCuda
+
+        cap = AsyncCapture(FakeCuda())
+        cap.guard(opt)
+        pending = cap.capture(3, {"step": 3, "objects": state})
+        _steps(net, opt, rank, range(3, 4))  # the next step: after the copy, on the device
+        res["device_copy"] = pending.wait().digest() == snap.digest()
+        res["device_cloned"] = cap.stats.cloned_bytes  # guarded shards are not cloned
+        _steps(net, opt, rank, range(4, 6))
         res["straight"] = _local(net)
         res["straight_digest"] = state_digest(views["model"].state_dict())
         # Divergence: equal along the replicate dimension; then rank 0 drifts.
@@ -334,3 +345,9 @@ def test_an_hsdp_step_is_a_dcp_checkpoint_each_rank_reads_back_exactly(ranks):
 def test_an_hsdp_step_loads_resharded_onto_another_mesh(ranks):
     for res in ranks:
         assert res["resharded"] == res["saved_full"]
+
+
+def test_the_gpu_path_copies_dtensor_shards_and_fences_the_next_step(ranks):
+    for res in ranks:
+        assert res["device_copy"] is True
+        assert res["device_cloned"] == 0
