@@ -18,6 +18,12 @@ until its training stream is done) for:
 Then a race check: async captures, each followed by another training step before the copy
 is waited for; each snapshot's digest must equal a synchronous capture of a device clone
 of the state taken at capture time. NVML readings (health/gpu_probe.py) before and after.
+
+Then FSDP2 on stalwart's own process group (issue 22): ElasticGroup on NCCL, a 2-D
+init_device_mesh (replicate x shard: the subgroups are stalwart's, NCCL communicators of
+their own), fully_shard per block; step time without and with an async snapshot of the
+DTensors' local shards into pinned memory, the same race check, an abort of the subgroups,
+and a second generation that restores the shards into the rebuilt model (bit-exact).
 Prints a JSON summary (and writes it to --out); exit code 0 when every digest matched,
 1 when one did not.
 """
@@ -161,6 +167,105 @@ def _rank(rank: int, world: int, port: int, cfg: dict[str, Any], tmp: str) -> No
     Path(tmp, f"rank{rank}.json").write_text(json.dumps(out))
 
 
+def _fsdp_rank(rank: int, world: int, port: int, cfg: dict[str, Any], tmp: str) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from stalwart.ckpt import dtensor
+    from stalwart.ckpt.device_copy import AsyncCapture
+    from stalwart.ckpt.fsdp import sharded_views
+    from stalwart.ckpt.snapshot import SnapshotBuffer, restore
+    from stalwart.orchestrator.worker.collective import ElasticGroup
+
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0)
+    group = ElasticGroup()
+
+    def generation(gen: int):
+        group.configure(
+            dist.PrefixStore(f"gen{gen}", store),
+            rank,
+            world,
+            gen,
+            "nccl",
+            device,
+            None,
+            datetime.timedelta(seconds=120),
+        )
+        mesh = init_device_mesh("cuda", (1, world), mesh_dim_names=("replicate", "shard"))
+        torch.manual_seed(0)
+        model = _mlp(cfg["state_gb"] / max(world, 1), cfg["width"]).to(device)
+        for block in model:
+            if isinstance(block, torch.nn.Linear):
+                fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+        return mesh, model, opt, sharded_views({"model": model, "optimizer": opt})
+
+    mesh, model, opt, views = generation(1)
+    x = torch.randn(cfg["batch"], cfg["width"], device=device)
+
+    def step() -> None:
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def state() -> dict[str, Any]:
+        return {"step": 0, "objects": {n: v.state_dict() for n, v in views.items()}}
+
+    step()
+    cap = AsyncCapture()
+    cap.guard(opt)
+    out: dict[str, Any] = {
+        "rank": rank,
+        "subgroups": [type(mesh.get_group(d)).__name__ for d in range(2)],
+        "modes": {},
+    }
+    for mode in ("none", "async"):
+        times, prev = [], None
+        for i in range(cfg["steps"] + 2):
+            t0 = time.perf_counter()
+            step()
+            if prev is not None:  # the last copy, waited for once this step is issued
+                with prev:
+                    pass
+                prev = None
+            if mode == "async":
+                prev = cap.capture(i, state())
+            torch.cuda.current_stream(device).synchronize()
+            if i >= 2:
+                times.append(time.perf_counter() - t0)
+        if prev is not None:
+            with prev:
+                pass
+        out["modes"][mode] = {"step_s_mean": statistics.fmean(times)}
+    live = state()
+    pending = cap.capture(7, live)
+    frozen = {"step": 0, "objects": {n: v.state_dict() for n, v in views.items()}}
+    frozen_snap = SnapshotBuffer(pin_memory=True).capture(7, frozen)
+    step()  # issued before the copy is waited for
+    with pending as snap:
+        out["race_match"] = snap.digest() == frozen_snap.digest()
+        kept = restore(snap, device, lambda ref, local: local)  # shards only, for the restore
+    group.abort("gpu_check: the subgroups are released")
+    mesh, model, opt, views = generation(2)
+    rebuild = dtensor.rebuilder(dtensor.meshes_of([model, opt]))
+    again = restore(frozen_snap, device, rebuild)
+    for name, view in views.items():
+        view.load_state_dict(again["objects"][name])
+    out["restored_exact"] = all(
+        torch.equal(dtensor.local_shard(p), kept["objects"]["model"][k])
+        for k, p in views["model"].state_dict().items()
+    )
+    dist.barrier()
+    Path(tmp, f"fsdp{rank}.json").write_text(json.dumps(out))
+
+
 def _tensors(state: Any, split) -> list:
     found: list = []
     split(state, found, set())
@@ -199,9 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         torch.multiprocessing.spawn(_rank, args=(world, _free_port(), cfg, tmp), nprocs=world)
         ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
+        torch.multiprocessing.spawn(_fsdp_rank, args=(world, _free_port(), cfg, tmp), nprocs=world)
+        fsdp = [json.loads(Path(tmp, f"fsdp{r}.json").read_text()) for r in range(world)]
     modes = ranks[0]["modes"]
     none = modes["none"]["step_s_mean"]
     matched = all(c["match"] for r in ranks for c in r["digests"])
+    matched = matched and all(f["race_match"] and f["restored_exact"] for f in fsdp)
     summary = {
         "gpus": gpus,
         "world_size": world,
@@ -217,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
         },
         "async_stats": [r["async_stats"] for r in ranks],
         "digests_match": matched,
+        "fsdp": fsdp,
+        "fsdp_async/none": fsdp[0]["modes"]["async"]["step_s_mean"]
+        / fsdp[0]["modes"]["none"]["step_s_mean"],
         "digests": [r["digests"] for r in ranks],
         "nvml_before": before,
         "nvml_after": _nvml(),
