@@ -29,9 +29,16 @@ PowerSGD, any function of ``(state, bucket)``) runs on stalwart's buckets instea
 gave it, stalwart's abortable default group when that is None. A user hook's buckets run
 one after another: a hook may issue more collectives from its futures' callbacks
 (PowerSGD does, and waits on them there), and only one bucket at a time keeps their order
-the same on every rank, and keeps gloo's two worker threads from all waiting in such a
-callback. The averaging of the default reduction divides before it sums, as DDP's own and
-torch's ``allreduce_hook`` do.
+the same on every rank (torch's own DDP with PowerSGD on gloo loses it and fails with a
+size mismatch, pytorch/pytorch#58467), and keeps gloo's two worker threads from all
+waiting in such a callback. torch's hooks that issue their one collective from their body
+(``allreduce_hook``, ``fp16_compress_hook``, ``bf16_compress_hook``) need none of that and
+overlap one another as the default reduction does (measured: up to 10 % of a step).
+
+The default reduction divides before it sums, as DDP's own and torch's ``allreduce_hook``
+do (no fp16 overflow in the sum). That division is one pass over the gradients that DDP
+without a hook fuses into its copy; it is what this path costs against DDP's own on CPU
+(docs/benchmarks.md, "DDP: overlap and comm hooks").
 """
 
 from __future__ import annotations
@@ -43,8 +50,17 @@ from itertools import accumulate
 from typing import Any
 
 import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 log = logging.getLogger("stalwart.worker")
+
+# Hooks whose collectives are all issued from their body, in the order they are called:
+# their buckets may overlap one another (the module docstring says why others may not).
+_BODY_ONLY = (
+    default_hooks.allreduce_hook,
+    default_hooks.fp16_compress_hook,
+    default_hooks.bf16_compress_hook,
+)
 
 # DDP's first bucket when bucket_cap_mb is its default (torch.distributed's
 # _DEFAULT_FIRST_BUCKET_BYTES)
@@ -156,6 +172,7 @@ class BucketReducer:
         self._same = {tuple(map(id, b._params)): i for i, b in enumerate(self.buckets)}
         self._hook: Callable[[Any, Bucket], torch.futures.Future] | None = None
         self._state: Any = None
+        self._one_by_one = False  # a bucket launched only once the one before is reduced
         self._lock = threading.Lock()
         self._pumping = self._again = False
         self._new_step()
@@ -170,6 +187,7 @@ class BucketReducer:
                 "(DDP takes one)"
             )
         self._hook, self._state = hook, state
+        self._one_by_one = hook not in _BODY_ONLY
 
     def _new_step(self) -> None:
         n = len(self.buckets)
@@ -224,7 +242,7 @@ class BucketReducer:
                 ready = (
                     i < len(self.buckets)
                     and self._arrived[i] == len(self.buckets[i])
-                    and (self._hook is None or i == 0 or self._settled[i - 1])
+                    and (not self._one_by_one or i == 0 or self._settled[i - 1])
                 )
                 if not ready:
                     if not self._again:
@@ -271,7 +289,7 @@ class BucketReducer:
                     w.error = error
                 if w.remaining == 0:
                     finished.append(w)
-        if self._hook is not None:
+        if self._one_by_one:
             self._pump()  # the next bucket's turn (before DDP may start the next step)
         for w in finished:
             self._finish(w)

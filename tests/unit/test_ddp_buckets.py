@@ -1,9 +1,11 @@
 """A DDP on stalwart's group reduces in stalwart's fixed buckets (worker/buckets.py): the
 same averages as torch's own DDP up to rounding, the same bits in a DDP built again in a
-second generation (a recovery) as in a long-lived one, with torch's bf16 hook and PowerSGD
-too, a mixed-dtype model on the same path, communication issued before the backward ends,
-and an abort releasing a rank blocked in a user hook's collective. Three real gloo
-processes on loopback (with two, a+b = b+a and no bucket layout could change a sum)."""
+second generation (a recovery) as in a long-lived one, with torch's bf16 hook, a hook of
+one's own and PowerSGD too (its state restored), a mixed-dtype model on the same path,
+DDP's own buffers reduced in place where its buckets are stalwart's, communication issued
+before the backward ends, and an abort releasing a rank blocked in a user hook's
+collective. Three real gloo processes on loopback (with two, a+b = b+a and no bucket
+layout could change a sum)."""
 
 from __future__ import annotations
 
@@ -74,6 +76,7 @@ VARIANTS = (
     ("default", MLP),
     ("reversed", Reversed),
     ("bf16", MLP),
+    ("own", MLP),
     ("powersgd", MLP),
     ("mixed", Mixed),
 )
@@ -132,6 +135,20 @@ def _worker(rank: int, port: int, out) -> None:
     # No teardown: an aborted generation's gloo threads may stay blocked on a socket, and
     # destroying its group (kept in `keep`) would join them.
     os._exit(0)
+
+
+SEEN: list[tuple[int, bool]] = []  # (index, is_last) of each bucket _own_hook was given
+
+
+def _own_hook(group, bucket):
+    """A user's hook: the average through torch.distributed on the group it was given."""
+    SEEN.append((bucket.index(), bucket.is_last()))
+    buffer = bucket.buffer().div_(dist.get_world_size(group))
+    return (
+        dist.all_reduce(buffer, group=group, async_op=True)
+        .get_future()
+        .then(lambda f: f.value()[0])
+    )
 
 
 def _bf16_twin(state, bucket):
@@ -202,7 +219,7 @@ def _scenarios(rank: int, port: int, keep: list) -> dict:
     plain = plain_group(1)
     at3: dict = {}
     straight: dict = {}
-    hooks = {"bf16": bf16}
+    hooks = {"bf16": bf16, "own": lambda: (None, _own_hook)}
     for name, kind in VARIANTS:
         model, opt = new(kind)
         if name == "powersgd":
@@ -215,7 +232,8 @@ def _scenarios(rank: int, port: int, keep: list) -> dict:
         res.setdefault("nbuckets", {})[name] = len(reducer.buckets)
         # torch's DDP beside it, same start, same data: the averaged gradients compared.
         twin, twin_opt = new(kind)
-        torch_ddp = ddp_of(twin, pg=plain, hook=(None, _bf16_twin) if name == "bf16" else None)
+        twin_hook = {"bf16": (plain, _bf16_twin), "own": (plain, _own_hook)}.get(name)
+        torch_ddp = ddp_of(twin, pg=plain, hook=twin_hook)
         diffs = []
         for step in range(6):
             if step == 3:
@@ -238,10 +256,12 @@ def _scenarios(rank: int, port: int, keep: list) -> dict:
                     return issue(tensor, op)
 
                 group.all_reduce_async = recorded
+            SEEN.clear()
             _step(ddp, opt, step, rank)
             if step == 5:
                 del group.all_reduce_async
                 res.setdefault("sources", {})[name] = sources
+                res.setdefault("seen", {})[name] = list(SEEN)
             # torch's own DDP with PowerSGD does not run on gloo with several buckets: its
             # hook's chained all-reduces come in another order on each rank.
             if name != "powersgd":
@@ -387,7 +407,7 @@ def test_the_layout_is_ddps_initial_one_fixed_by_the_parameters():
 
 
 def test_the_averages_are_torchs_up_to_rounding(ranks):
-    for name in ("default", "reversed", "bf16", "mixed"):
+    for name in ("default", "reversed", "bf16", "own", "mixed"):
         for res in ranks:
             assert len(res["vs_torch"][name]) == 6
             # bf16: both sides compress, in different buckets; fp32: summation order only.
@@ -424,6 +444,12 @@ def test_ddps_own_buffer_is_reduced_in_place_where_its_bucket_is_stalwarts(ranks
 def test_a_mixed_dtype_model_is_on_the_same_path(ranks):
     assert ranks[0]["dtypes"]["mixed"] == ["torch.bfloat16", "torch.float32"]
     assert ranks[0]["dtypes"]["default"] == ["torch.float32"]
+
+
+def test_a_hook_of_ones_own_sees_stalwarts_buckets_in_order_once_each(ranks):
+    for res in ranks:
+        n = res["nbuckets"]["own"]
+        assert res["seen"]["own"] == [(i, i == n - 1) for i in range(n)]
 
 
 def test_a_second_comm_hook_is_refused_and_prepare_model_reduces_in_buckets(ranks):
