@@ -135,27 +135,15 @@ def _dcp_load(dcp: Any, state: dict[str, Any], reader: Any, where: str) -> None:
         raise CheckpointMismatch(f"{where} could not be loaded: {cause}") from None
 
 
-class _Shard:
-    """Where a DTensor's shard was in a rank's restored state (`whole_state`)."""
-
-
-def _has_shards(obj: Any) -> bool:
-    if isinstance(obj, _Shard):
-        return True
-    if isinstance(obj, dict):
-        return any(_has_shards(v) for v in obj.values())
-    if isinstance(obj, list | tuple):
-        return any(_has_shards(v) for v in obj)
-    return False
-
-
 def whole_state(snapshot: Any, reader: Callable[[], Any]) -> Any:
     """A rank's restored state (ckpt.snapshot.restore) with every object that holds DTensor
     shards assembled whole from the step's chunks (`reader()`, asked only then): what
     `stalwart checkpoint export` writes and `stalwart verify` compares."""
+    from stalwart.ckpt.dcp_format import _has_shards
     from stalwart.ckpt.snapshot import restore
 
-    state = restore(snapshot, rebuild=lambda ref, local: _Shard())
+    # A shard stays its ShardRef: its object is then assembled whole.
+    state = restore(snapshot, rebuild=lambda ref, local: ref)
     objects = state.get("objects") if isinstance(state, dict) else None
     if not isinstance(objects, dict):
         return state

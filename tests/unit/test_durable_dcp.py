@@ -19,29 +19,17 @@ from stalwart.ckpt.durable import CorruptCheckpoint, DurableStore
 from stalwart.ckpt.fsdp import sharded_views
 from stalwart.ckpt.snapshot import restore
 from stalwart.orchestrator.worker.restore import InitFromError, init_from
-from tests.unit.test_durable import make_snapshot, write_step
+from tests.unit.test_durable import make_snapshot, mem_uri, write_step
 from tests.unit.test_snapshot import assert_same_tree
 
 pytestmark = pytest.mark.timeout(60)
+__all__ = ["mem_uri"]  # the fixture, shared with tests/unit/test_durable.py
 
 
 @pytest.fixture(params=["local", "memory"])
 def store(request, tmp_path, mem_uri) -> DurableStore:
     uri = str(tmp_path / "ck") if request.param == "local" else mem_uri
     return DurableStore(uri, "job", retries=0)
-
-
-@pytest.fixture
-def mem_uri():
-    import uuid
-
-    from stalwart.ckpt.durable import parse_uri
-
-    uri = f"memory://stalwart-dcp-test/{uuid.uuid4().hex}"
-    yield uri
-    fs, root = parse_uri(uri)
-    if fs.exists(root):
-        fs.rm(root, recursive=True)
 
 
 def write_dcp_step(store: DurableStore, step: int, world: int = 2) -> list:

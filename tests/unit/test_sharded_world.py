@@ -10,9 +10,6 @@ from __future__ import annotations
 import copy
 import datetime
 import json
-import socket
-import threading
-import time
 import traceback
 
 import pytest
@@ -20,15 +17,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.unit.test_torch_group import _blocked, _free_port
+
 pytestmark = pytest.mark.timeout(180)
 
 WORLD = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _configure(group, store, rank: int, gen: int) -> None:
@@ -81,30 +74,6 @@ def _steps(net, opt, rank: int, steps: range) -> None:
 
 def _local(net) -> list[bytes]:
     return [p.to_local().detach().numpy().tobytes() for p in net.parameters()]
-
-
-def _blocked(call, group) -> tuple[str, float, bool]:
-    """Run `call` (a collective a peer never joins); abort once it is pending."""
-    aborted_at: list[float] = []
-    pending: list[bool] = []
-
-    def abort() -> None:
-        deadline = time.monotonic() + 20
-        while group.pending_since() is None and time.monotonic() < deadline:
-            time.sleep(0.01)  # polling the condition, with a deadline
-        pending.append(group.pending_since() is not None)
-        aborted_at.append(time.monotonic())
-        group.abort("a peer died")
-
-    aborter = threading.Thread(target=abort)
-    aborter.start()
-    try:
-        call()
-    except Exception as e:
-        aborter.join()
-        return type(e).__name__ + ": " + str(e)[:300], time.monotonic() - aborted_at[0], pending[0]
-    aborter.join()
-    return "returned", 0.0, pending[0]
 
 
 def _worker(rank: int, port: int, out_dir: str, out) -> None:
