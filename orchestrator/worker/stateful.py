@@ -74,7 +74,8 @@ class _PowerSGD:
         s = self.hook_state
         return {
             **{k: getattr(s, k) for k in self._COUNTERS},
-            **{k: dict(getattr(s, k)) for k in self._TENSORS},
+            # String keys: checkpoint formats key values by their path (DCP's FQNs).
+            **{k: {str(i): t for i, t in getattr(s, k).items()} for k in self._TENSORS},
             "rng": s.rng.get_state(legacy=False),
         }
 
@@ -83,7 +84,7 @@ class _PowerSGD:
         for k in self._COUNTERS:
             setattr(s, k, state[k])
         for k in self._TENSORS:
-            setattr(s, k, dict(state[k]))
+            setattr(s, k, {int(i): t for i, t in state[k].items()})
         s.rng.set_state(state["rng"])
 
 
