@@ -73,9 +73,10 @@ def bucket_layout(
 ) -> list[list[int]]:
     """Indices into `params` per bucket, in launch order, each bucket's in reverse
     registration order: per (dtype, device), parameters from the last registered on until
-    a bucket holds `cap_bytes` (its group's first bucket `first_cap_bytes`), as DDP's
-    initial assignment does; buckets ordered by when they fill if gradients arrive in
-    reverse registration order (their last member's place in it)."""
+    a bucket holds `cap_bytes` (its group's first bucket `first_cap_bytes`), as DDP cuts
+    its buckets when it rebuilds them from the order gradients arrived; buckets ordered by
+    when they fill if gradients arrive in reverse registration order (their last member's
+    place in it)."""
     open_: dict[tuple[torch.dtype, torch.device], list[int]] = {}
     filled: dict[tuple[torch.dtype, torch.device], int] = {}
     started: set[tuple[torch.dtype, torch.device]] = set()  # groups past their first bucket

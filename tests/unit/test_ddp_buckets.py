@@ -386,7 +386,7 @@ def ranks():
     return [g[2] for g in got]
 
 
-def test_the_layout_is_ddps_initial_one_fixed_by_the_parameters():
+def test_the_layout_is_fixed_by_the_parameters_and_the_caps():
     f32 = [torch.zeros(256) for _ in range(6)]  # 1 KiB each
     # Reverse registration order, cut at the cap, the first bucket at its own cap.
     assert bucket_layout(f32, cap_bytes=2048, first_cap_bytes=1024) == [[5], [4, 3], [2, 1], [0]]
