@@ -99,16 +99,24 @@ class Bucket:
     """One of stalwart's buckets as a comm hook sees it: what ``dist.GradBucket`` offers
     (``buffer``, ``set_buffer``, ``gradients`` as views of the current buffer,
     ``parameters``, ``index``, ``is_last``). `flat` is its own memory, where DDP's
-    gradients are copied; each launch sets the buffer again, to `flat` or to DDP's own
-    bucket's (a hook may have set another, as torch's fp16/bf16 wrappers do)."""
+    gradients are copied when DDP's bucket is not this one (allocated then, dropped while
+    DDP's is: a copy of the gradients, which on a large model is memory worth having
+    back); each launch sets the buffer again, to `flat` or to DDP's bucket's (a hook may
+    have set another, as torch's fp16/bf16 wrappers do)."""
 
     def __init__(self, index: int, count: int, params: list[torch.Tensor]):
         self._index, self._count = index, count
         self._params = params
         self._shapes = [p.shape for p in params]
         self._offsets = list(accumulate((p.numel() for p in params), initial=0))
-        self.flat = torch.zeros(self._offsets[-1], dtype=params[0].dtype, device=params[0].device)
-        self._buffer = self.flat
+        self.dtype, self.device = params[0].dtype, params[0].device
+        self.flat: torch.Tensor | None = None
+        self._buffer: torch.Tensor | None = None
+
+    def own_memory(self) -> torch.Tensor:
+        if self.flat is None:
+            self.flat = torch.empty(self._offsets[-1], dtype=self.dtype, device=self.device)
+        return self.flat
 
     def index(self) -> int:
         return self._index
@@ -195,7 +203,7 @@ class BucketReducer:
         n = len(self.buckets)
         with self._lock:
             self._arrived = [0] * n
-            self._source = [b.flat for b in self.buckets]  # what each bucket reduces
+            self._source: list[torch.Tensor | None] = [None] * n  # what each one reduces
             self._next = 0  # the next bucket to launch
             self._settled = [False] * n
             self._results: list[torch.Tensor | None] = [None] * n
@@ -214,13 +222,16 @@ class BucketReducer:
             # reduce DDP's buffer in place, no copies. The same bytes: the same sums.
             waiter.whole, waiter.remaining = whole, 1
             self._source[whole] = waiter.buffer
+            self.buckets[whole].flat = None
             touched = {whole: len(params)}
         else:
             waiter.pairs = list(zip(params, bucket.gradients(), strict=True))
             touched = {}
             for p, g in waiter.pairs:
                 i, k = self._where[id(p)]
-                self.buckets[i].flat[self.buckets[i].span(k)].copy_(g.reshape(-1))
+                if self._source[i] is None:
+                    self._source[i] = self.buckets[i].own_memory()
+                self._source[i][self.buckets[i].span(k)].copy_(g.reshape(-1))
                 touched[i] = touched.get(i, 0) + 1
             waiter.remaining = len(touched)
         with self._lock:

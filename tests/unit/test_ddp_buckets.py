@@ -228,7 +228,7 @@ def _scenarios(rank: int, port: int, keep: list) -> dict:
         else:
             ddp = ddp_of(model, hook=hooks.get(name, lambda: None)())
         reducer = ddp._stalwart_reducer
-        res.setdefault("dtypes", {})[name] = sorted({str(b.flat.dtype) for b in reducer.buckets})
+        res.setdefault("dtypes", {})[name] = sorted({str(b.dtype) for b in reducer.buckets})
         res.setdefault("nbuckets", {})[name] = len(reducer.buckets)
         # torch's DDP beside it, same start, same data: the averaged gradients compared.
         twin, twin_opt = new(kind)
@@ -249,7 +249,7 @@ def _scenarios(rank: int, port: int, keep: list) -> dict:
             if step == 5:  # what the default reduction all-reduces: its copies or DDP's
                 sources: list[str] = []
                 issue = group.all_reduce_async
-                own = {id(b.flat) for b in reducer.buckets}
+                own = {id(b.flat) for b in reducer.buckets if b.flat is not None}
 
                 def recorded(tensor, op=dist.ReduceOp.SUM, issue=issue, own=own, sources=sources):
                     sources.append("copy" if id(tensor) in own else "ddp's buffer")
