@@ -64,27 +64,32 @@ class ShardRecord:
 
 @dataclass(frozen=True)
 class Location:
-    """Where one blob (a tensor's torch.save bytes, a value's) lies in the step directory."""
+    """Where one blob (a tensor's torch.save bytes, a value's) lies in the step directory;
+    with `part`, the tensor is bytes part[0]..part[0]+part[1] of the blob's (a flat uint8
+    tensor holding several of a rank's own tensors)."""
 
     file: str
     offset: int
     length: int
     sha256: str
+    part: tuple[int, int] | None = None
 
     def to_list(self) -> list[Any]:
-        return [self.file, self.offset, self.length, self.sha256]
+        out: list[Any] = [self.file, self.offset, self.length, self.sha256]
+        return out + list(self.part) if self.part is not None else out
 
     @classmethod
     def from_list(cls, value: Any, where: str) -> Location:
         if (
             not isinstance(value, list)
-            or len(value) != 4
+            or len(value) not in (4, 6)
             or not isinstance(value[0], str)
-            or not all(_natural(v) for v in value[1:3])
+            or not all(_natural(v) for v in (*value[1:3], *value[4:]))
             or not (isinstance(value[3], str) and _SHA256.fullmatch(value[3]))
         ):
             raise ValueError(f"{where} is not a [file, offset, length, sha256] location")
-        return cls(*value)
+        part = (value[4], value[5]) if len(value) == 6 else None
+        return cls(value[0], value[1], value[2], value[3], part)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,11 @@ class Persister:
         """`run`: this run of the job (its store key), written into every manifest."""
         self.spec = spec
         self.run = run
+        # DCP's metadata classes make each step's index (ckpt/dcp_format.py): imported here,
+        # at the start (0.5 s), not in the first step's write, where a short job's first
+        # checkpoint waited for it.
+        import torch.distributed.checkpoint.metadata  # noqa: F401
+
         self.store = DurableStore(spec.uri, job, retries=spec.retries, backoff_s=spec.backoff_s)
         self.target = self.store.target
         self._emit = emit

@@ -186,18 +186,20 @@ def test_corrupt_and_partial_checkpoints_are_skipped_with_reasons(mrun, mbaselin
     uri = tmp_path / "durable"
     spec = small_spec(
         name="corrupt-me",
-        steps=45,
+        # Long enough for two grid steps and the end to be written (a write takes 0.2-0.5 s
+        # on a busy 2-core machine; 45 steps trained in 1.5 s left one grid step, once).
+        steps=95,
         checkpoint={"persist": {"uri": str(uri), "every_steps": 10, "keep_last": 3}},
     )
     first = mrun(spec)
     assert first["status"] == "succeeded", first["error"]
     root = uri / "corrupt-me"
-    # keep_last=3 complete checkpoints: of the grid (10, 20, 30, 40: the newest may not have
-    # been due before the end) and the end of the run (45).
+    # keep_last=3 complete checkpoints: of the grid (10, 20, ... 90: the newest may not have
+    # been due before the end) and the end of the run (95).
     kept = sorted(int(p.name.split("-")[1]) for p in root.iterdir())
-    assert len(kept) == 3 and kept[-1] == 45, kept
+    assert len(kept) == 3 and kept[-1] == 95, kept
     oldest, middle, newest = kept
-    shard = root / f"step-{newest:012d}" / "rank-00001.safetensors"
+    shard = root / f"step-{newest:012d}" / "__1_0.distcp"  # rank 1's file of the DCP step
     shard.write_bytes(shard.read_bytes()[:-100])  # truncated
     (root / f"step-{middle:012d}" / "manifest.json").unlink()  # a writer died before it
     second = mrun(spec)

@@ -137,6 +137,7 @@ def test_validate_ok_and_set_overrides(tmp_path):
             "at_step": 30,
             "after_commit": False,
             "during": None,
+            "in_collective": None,
             "peer_of_rank": None,
         }
     ]
