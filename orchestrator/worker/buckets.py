@@ -36,6 +36,12 @@ waiting in such a callback. torch's hooks that issue their one collective from t
 overlap one another as the default reduction does (one at a time, the bf16 hook's step
 was 8-14 % longer than torch's DDP's with it: docs/benchmarks.md).
 
+What a rank waits for: the bucket all-reduces overlap its backward, so the time they are in
+flight is not time it waits; what it waits is from the end of its backward (DDP's last
+bucket handed over) until every bucket is reduced, when DDP's reducer stops blocking the
+training thread. That is what `ElasticGroup.waited` hears (straggler detection subtracts
+it from the step time).
+
 The default reduction divides before it sums, as DDP's own and torch's ``allreduce_hook``
 do (no fp16 overflow in the sum). That division is one pass over the gradients that DDP
 without a hook fuses into its copy; it is what this path costs against DDP's own on CPU
@@ -46,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 from typing import Any
@@ -162,7 +169,7 @@ class BucketReducer:
     """DDP comm hook state (the module docstring says why and how).
 
     `group` is the ElasticGroup (duck-typed: ``new_future``, ``all_reduce_async``,
-    ``world_size``, ``abort_error``): its all-reduces are abortable."""
+    ``world_size``, ``abort_error``, ``waited``): its all-reduces are abortable."""
 
     def __init__(
         self,
@@ -208,6 +215,8 @@ class BucketReducer:
             self._settled = [False] * n
             self._results: list[torch.Tensor | None] = [None] * n
             self._waiters: list[list[_Waiter]] = [[] for _ in range(n)]
+            self._open = 0  # DDP buckets handed over and not reduced yet
+            self._backward_done: float | None = None  # when DDP handed over its last one
 
     def __call__(self, bucket: Any) -> torch.futures.Future:
         """DDP's hook for its bucket `bucket` (a ``dist.GradBucket``), called in bucket order
@@ -238,6 +247,9 @@ class BucketReducer:
             for i, n in touched.items():
                 self._arrived[i] += n
                 self._waiters[i].append(waiter)
+            self._open += 1
+            if bucket.is_last():
+                self._backward_done = time.monotonic()
         self._pump()
         return waiter.future
 
@@ -308,6 +320,13 @@ class BucketReducer:
             self._finish(w)
 
     def _finish(self, w: _Waiter) -> None:
+        with self._lock:
+            self._open -= 1
+            done, waited = self._backward_done, self._open == 0
+            if waited:
+                self._backward_done = None
+        if waited and done is not None:  # the training thread waited since the backward
+            self.group.waited(max(0.0, time.monotonic() - done))
         if w.error is not None:
             w.future.set_exception(w.error)
             return

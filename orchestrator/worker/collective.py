@@ -187,12 +187,11 @@ class ElasticGroup:
         self.backend = "gloo"
         self.device = torch.device("cpu")
         self.restoring = False  # a restore follows this generation's start (set by the worker)
-        # Seconds during which at least one collective was pending: the time a rank spends
-        # waiting for its peers (straggler detection subtracts it from step time). Not a
-        # sum over collectives: DDP's bucket all-reduces overlap each other and the
-        # backward, and their sum could exceed the step.
+        # Seconds the training thread was blocked waiting for collectives: the time a rank
+        # spends waiting for its peers (straggler detection subtracts it from step time).
+        # Not the time a collective was in flight: DDP's bucket all-reduces and FSDP2's
+        # prefetched all-gathers overlap the rank's own compute (`waited`).
         self.collective_seconds = 0.0
-        self._busy_since = 0.0  # when the pending set last became non-empty
 
     def pending_since(self) -> float | None:
         """When the oldest collective still pending was issued (monotonic), if any."""
@@ -224,6 +223,7 @@ class ElasticGroup:
             new_future=self.new_future,
             subgroup=self.subgroup,
             observe=self._on_collective,
+            waited=self.waited,
         )
         owned.elastic = self  # a DDP built on it reduces through this (worker/torchrun.py)
         with self._lock:
@@ -286,6 +286,7 @@ class ElasticGroup:
             track=self._own,
             new_future=self.new_future,
             observe=self._on_collective,
+            waited=self.waited,
         )
         owned._set_group_name(name)
         if group_desc is not None:
@@ -336,8 +337,6 @@ class ElasticGroup:
         """Fail every pending and future collective of this generation with GroupAborted."""
         with self._lock:
             self._aborted = reason
-            if self._pending:
-                self.collective_seconds += time.monotonic() - self._busy_since
             pending, self._pending = list(self._pending), {}
             backend = self._backend
             subgroups = [be for _, be in self._subgroups]
@@ -380,8 +379,6 @@ class ElasticGroup:
             if self._aborted is not None:
                 out.set_exception(GroupAborted(self._aborted))
                 return out
-            if not self._pending:
-                self._busy_since = time.monotonic()
             self._pending[out] = time.monotonic()
 
         def finished(fut: torch.futures.Future) -> None:
@@ -389,8 +386,6 @@ class ElasticGroup:
                 if out not in self._pending:
                     return  # aborted meanwhile: the exception is already set
                 del self._pending[out]
-                if not self._pending:
-                    self.collective_seconds += time.monotonic() - self._busy_since
             try:
                 fut.value()
                 value = result(fut)
@@ -423,7 +418,18 @@ class ElasticGroup:
     def all_reduce(
         self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
     ) -> torch.Tensor:
-        return self.all_reduce_async(tensor, op).wait()
+        fut = self.all_reduce_async(tensor, op)
+        t0 = time.monotonic()
+        try:
+            return fut.wait()
+        finally:
+            self.waited(time.monotonic() - t0)
+
+    def waited(self, seconds: float) -> None:
+        """The training thread was blocked `seconds` waiting for a collective (a Work's
+        wait(), the end of a backward waiting for DDP's buckets: worker/buckets.py)."""
+        with self._lock:
+            self.collective_seconds += seconds
 
 
 def _brief(ranks: list[int]) -> str:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -65,14 +66,20 @@ COLLECTIVES = (
 
 
 class _OwnedWork(dist._Work):
-    """The Work a collective returns: done when stalwart's future is (or fails with it)."""
+    """The Work a collective returns: done when stalwart's future is (or fails with it).
+    `waited(seconds)` hears how long each wait() blocked its caller."""
 
-    def __init__(self, future: torch.futures.Future):
+    def __init__(self, future: torch.futures.Future, waited: Callable[[float], None]):
         super().__init__()
         self._future = future
+        self._waited = waited
 
     def wait(self, timeout: Any = None) -> bool:
-        self._future.wait()  # raises GroupAborted when a recovery aborted the collective
+        t0 = time.monotonic()
+        try:
+            self._future.wait()  # raises GroupAborted when a recovery aborted the collective
+        finally:
+            self._waited(time.monotonic() - t0)
         return True
 
     def get_future(self) -> torch.futures.Future:
@@ -114,6 +121,7 @@ class AbortableProcessGroup(dist.ProcessGroup):
         new_future: Callable[[], torch.futures.Future] = torch.futures.Future,
         subgroup: Callable[..., dist.ProcessGroup | None] | None = None,
         observe: Callable[[str, bool], None] | None = None,
+        waited: Callable[[float], None] = lambda seconds: None,
     ):
         super().__init__(inner.rank(), inner.size())
         self.inner = inner
@@ -125,6 +133,7 @@ class AbortableProcessGroup(dist.ProcessGroup):
         self._lock = threading.Lock()
         self._subgroup = subgroup
         self._observe = observe  # (method, issued?): before and after each collective
+        self._waited = waited  # seconds a caller blocked in a Work's wait()
         # The real backends, registered here too: torch asks a group for its backend by
         # device (DDP's logger, ProcessGroup.abort, NCCL's stream handling).
         for device, kind, be in backends:
@@ -158,7 +167,7 @@ class AbortableProcessGroup(dist.ProcessGroup):
             done = work.get_future()
         except RuntimeError:  # "Work::getFuture not implemented"
             done = self._wait_in_thread(work)
-        return _OwnedWork(self._track(done))
+        return _OwnedWork(self._track(done), self._waited)
 
     def _wait_in_thread(self, work: dist.Work) -> torch.futures.Future:
         fut = self._new_future()
