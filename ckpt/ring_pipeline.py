@@ -214,11 +214,22 @@ class RingPipeline:
         ):
             return w
         self.forget()
-        opened = self._open_ring(metas, nbytes, skel_len)
-        if opened is None:
-            return None
-        self._writer = RingWriter(*opened)
-        return self._writer
+        # The agent can close a ring between its answer and our mapping (its shared memory
+        # filled and it fell back, unlinking every ring): the file is gone, which is a ring
+        # closed before its first write. Ask again: the agent then answers None (send
+        # through Ray) or a ring opened after the close. Twice is enough: a fall-back
+        # happens once per node, and a second close of a new ring means the rank was
+        # forgotten, which its next snapshot deals with.
+        for _ in range(2):
+            opened = self._open_ring(metas, nbytes, skel_len)
+            if opened is None:
+                return None
+            try:
+                self._writer = RingWriter(*opened)
+            except FileNotFoundError:
+                continue
+            return self._writer
+        return None
 
     def drain(self, timeout: float) -> bool:
         """Wait until the agent has dealt with every published snapshot."""

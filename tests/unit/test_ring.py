@@ -179,6 +179,44 @@ def test_a_closed_ring_makes_the_writer_open_another_and_no_room_means_ray(tmp_p
         node.close()
 
 
+def test_a_ring_unlinked_before_the_rank_maps_it_is_a_closed_ring(tmp_path):
+    """The agent answered with a ring and then fell back (its shared memory full), which
+    unlinks every ring: the rank finds no file. It asks again, and a second answer (a new
+    ring, or None: through Ray) is taken; no snapshot is lost to the race."""
+    node = _Node(tmp_path / "n")
+    model = torch.nn.Linear(8, 8)
+    answers = []
+
+    def vanishing_then(then):
+        def opener(metas, n, k):
+            path, bell = node.hub.open(0, metas, n, k)
+            if not answers:
+                node.hub.close_rank(0)  # the fall-back's close, after the answer
+            answers.append(path)
+            return then(path, bell, metas, n, k)
+
+        return opener
+
+    pipe = _pipeline(node, open_ring=vanishing_then(lambda path, bell, *a: (path, bell)))
+    try:
+        pipe.submit(0, _state(0, model))
+        assert len(answers) == 2 and pipe.transport == "shm" and pipe.drain(5)
+        _until(lambda: node.store.stored().get(0) == [0])
+
+        answers.clear()
+        sent = []
+        ray_path = _pipeline(
+            node,
+            open_ring=vanishing_then(lambda *a: None if len(answers) > 1 else a[:2]),
+            fallback=lambda: SnapshotPipeline(lambda snap: sent.append(snap.step)),
+        )
+        ray_path.submit(1, _state(1, model))
+        assert ray_path.drain(5) and sent == [1] and ray_path.transport == "ray"
+        assert ray_path.stats.errors == 0
+    finally:
+        node.close()
+
+
 def test_a_ring_file_of_another_kind_is_refused(tmp_path):
     bad = tmp_path / "not-a-ring"
     bad.write_bytes(b"\0" * 16384)
