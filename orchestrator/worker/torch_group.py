@@ -218,13 +218,18 @@ def _complete(waits: queue.Queue) -> None:
             fut.set_exception(e)
 
 
-def _forward(method: str) -> Callable[..., dist.Work]:
-    def collective(self: AbortableProcessGroup, *args: Any, **kwargs: Any) -> dist.Work:
+def _forward(method: str) -> Callable[..., dist.Work | None]:
+    def collective(self: AbortableProcessGroup, *args: Any, **kwargs: Any) -> dist.Work | None:
         self._ready()
         observe = self._observe
         if observe is not None:
             observe(method, False)
-        work = self._owned(getattr(self.inner, method)(*args, **kwargs))
+        work = getattr(self.inner, method)(*args, **kwargs)
+        # NCCL hands back no Work for a synchronous collective (its options' asyncOp False,
+        # torch's lightweight path): it is ordered on the caller's stream and torch's
+        # function waits for nothing. Nothing to own; an abort of the communicator
+        # releases a kernel blocked in it.
+        work = None if work is None else self._owned(work)
         if observe is not None:
             observe(method, True)
         return work

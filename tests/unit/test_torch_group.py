@@ -256,3 +256,53 @@ def test_a_collective_the_peer_never_joins_is_released_by_the_abort(ranks, call)
     assert "a peer died" in raised, raised
     # Released by the abort itself, not by gloo's 60 s timeout.
     assert after_s < 30, after_s
+
+
+def test_a_collective_that_returns_no_work_is_passed_through():
+    """NCCL returns no Work for a synchronous collective (asyncOp False: ordered on the
+    caller's stream), and torch's all_reduce then waits for nothing. The group hands the
+    None back instead of failing on it: on an H200, FSDP2's all-reduce on a replicate
+    dimension of one rank raised AttributeError in the group before this."""
+    from stalwart.orchestrator.worker.collective import local_group
+    from stalwart.orchestrator.worker.torch_group import AbortableProcessGroup
+
+    real = local_group()
+    issued = []
+
+    class NoWork(dist.ProcessGroup):
+        def allreduce(self, *args, **kwargs):
+            issued.append(args)
+            return None
+
+    group = AbortableProcessGroup(
+        NoWork(0, 1),
+        [
+            (
+                torch.device("cpu"),
+                dist.ProcessGroup.BackendType.GLOO,
+                real._get_backend(torch.device("cpu")),
+            )
+        ],
+        "gloo",
+        ready=lambda: None,
+        track=lambda fut: fut,
+    )
+    assert group.allreduce([torch.ones(2)], dist.AllreduceOptions()) is None
+    assert len(issued) == 1
+    # A collective that does return a Work is still owned (its future tracked).
+    owned = AbortableProcessGroup(
+        real,
+        [
+            (
+                torch.device("cpu"),
+                dist.ProcessGroup.BackendType.GLOO,
+                real._get_backend(torch.device("cpu")),
+            )
+        ],
+        "gloo",
+        ready=lambda: None,
+        track=lambda fut: fut,
+    )
+    t = torch.ones(2)
+    work = owned.allreduce([t], dist.AllreduceOptions())
+    assert work is not None and work.wait() and torch.equal(t, torch.ones(2))
