@@ -24,8 +24,13 @@ init_device_mesh (replicate x shard: the subgroups are stalwart's, NCCL communic
 their own), fully_shard per block; step time without and with an async snapshot of the
 DTensors' local shards into pinned memory, the same race check, an abort of the subgroups,
 and a second generation that restores the shards into the rebuilt model (bit-exact).
-Prints a JSON summary (and writes it to --out); exit code 0 when every digest matched,
-1 when one did not.
+Prints a JSON summary (and writes it to --out); exit code 0 when every digest matched
+and the FSDP part held, 1 when not (a failed FSDP part is in the summary as fsdp_error, the
+DDP part's figures kept).
+
+--device cpu runs the same code on CPU with gloo (2 ranks; AsyncCapture then copies
+synchronously): a dry run of the script's logic on a machine without a GPU, its timings
+meaningless (e.g. --device cpu --state-gb 0.002 --width 256 --batch 64 --steps 4).
 """
 
 from __future__ import annotations
@@ -74,24 +79,37 @@ def _nvml() -> dict[str, Any]:
         probe.close()
 
 
+def _device(rank: int, cfg: dict[str, Any]):
+    """This rank's device, its backend, and what waits for the device's queued work."""
+    import torch
+
+    if cfg["device"] == "cpu":
+        return torch.device("cpu"), "gloo", lambda: None
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    return device, "nccl", torch.cuda.current_stream(device).synchronize
+
+
 def _rank(rank: int, world: int, port: int, cfg: dict[str, Any], tmp: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from stalwart.ckpt import dtensor
     from stalwart.ckpt.device_copy import AsyncCapture
     from stalwart.ckpt.snapshot import SnapshotBuffer, _join, _split
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    device = torch.device("cuda", rank)
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
+    device, backend, sync_stream = _device(rank, cfg)
+    cuda = device.type == "cuda"
+    dist.init_process_group(
+        backend, rank=rank, world_size=world, device_id=device if cuda else None
+    )
     torch.manual_seed(rank)
     model = _mlp(cfg["state_gb"], cfg["width"]).to(device)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank] if cuda else None)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     x = torch.randn(cfg["batch"], cfg["width"], device=device)
     y = torch.randn(cfg["batch"], cfg["width"], device=device)
-    stream = torch.cuda.current_stream(device)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -103,7 +121,7 @@ def _rank(rank: int, world: int, port: int, cfg: dict[str, Any], tmp: str) -> No
 
     step()  # Adam's state exists from here on: the layout is final
     state_bytes = sum(t.numel() * t.element_size() for t in _tensors(state(), _split))
-    sync_buf = SnapshotBuffer(pin_memory=True)
+    sync_buf = SnapshotBuffer(pin_memory=cuda)
     cap = AsyncCapture()
     cap.guard(opt)
     handed = torch.empty(state_bytes + (1 << 20), dtype=torch.uint8)  # stands for /dev/shm
@@ -135,7 +153,7 @@ def _rank(rank: int, world: int, port: int, cfg: dict[str, Any], tmp: str) -> No
                     work.put(cap.capture(i, state()))
                 if i >= warmup:
                     calls.append(time.perf_counter() - t1)  # the training thread's share
-            stream.synchronize()  # this step's work, not the side stream's copy
+            sync_stream()  # this step's work, not the side stream's copy
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
         out["modes"][mode] = {
@@ -155,7 +173,8 @@ def _rank(rank: int, world: int, port: int, cfg: dict[str, Any], tmp: str) -> No
         pending = cap.capture(1000 + k, live)
         tensors = _tensors(live, _split)
         skeleton = _split(live, [], set())
-        frozen = _join(skeleton, [t.detach().clone() for t in tensors])  # stream-ordered
+        clones = [t.detach().clone() for t in tensors]  # stream-ordered
+        frozen = _join(skeleton, clones, dtensor.no_meshes)  # plain tensors: no DTensor
         step()
         with pending as snap:
             got = snap.digest()
@@ -181,8 +200,8 @@ def _fsdp_rank(rank: int, world: int, port: int, cfg: dict[str, Any], tmp: str) 
     from stalwart.ckpt.snapshot import SnapshotBuffer, restore
     from stalwart.orchestrator.worker.collective import ElasticGroup
 
-    device = torch.device("cuda", rank)
-    torch.cuda.set_device(device)
+    device, backend, sync_stream = _device(rank, cfg)
+    cuda = device.type == "cuda"
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0)
     group = ElasticGroup()
 
@@ -192,12 +211,12 @@ def _fsdp_rank(rank: int, world: int, port: int, cfg: dict[str, Any], tmp: str) 
             rank,
             world,
             gen,
-            "nccl",
+            backend,
             device,
-            None,
+            None if cuda else "127.0.0.1",
             datetime.timedelta(seconds=120),
         )
-        mesh = init_device_mesh("cuda", (1, world), mesh_dim_names=("replicate", "shard"))
+        mesh = init_device_mesh(device.type, (1, world), mesh_dim_names=("replicate", "shard"))
         torch.manual_seed(0)
         model = _mlp(cfg["state_gb"] / max(world, 1), cfg["width"]).to(device)
         for block in model:
@@ -237,7 +256,7 @@ def _fsdp_rank(rank: int, world: int, port: int, cfg: dict[str, Any], tmp: str) 
                 prev = None
             if mode == "async":
                 prev = cap.capture(i, state())
-            torch.cuda.current_stream(device).synchronize()
+            sync_stream()
             if i >= 2:
                 times.append(time.perf_counter() - t0)
         if prev is not None:
@@ -247,7 +266,7 @@ def _fsdp_rank(rank: int, world: int, port: int, cfg: dict[str, Any], tmp: str) 
     live = state()
     pending = cap.capture(7, live)
     frozen = {"step": 0, "objects": {n: v.state_dict() for n, v in views.items()}}
-    frozen_snap = SnapshotBuffer(pin_memory=True).capture(7, frozen)
+    frozen_snap = SnapshotBuffer(pin_memory=cuda).capture(7, frozen)
     step()  # issued before the copy is waited for
     with pending as snap:
         out["race_match"] = snap.digest() == frozen_snap.digest()
@@ -287,33 +306,51 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=int, default=2, help="snapshot every N steps")
     p.add_argument("--verify", type=int, default=2, help="race-checked async captures")
     p.add_argument("--out", type=Path, help="also write the JSON summary here")
+    p.add_argument(
+        "--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a dry run on gloo"
+    )
+    p.add_argument("--ranks", type=int, default=0, help="processes (default: as above)")
     args = p.parse_args(argv)
     import torch
 
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA here (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
-    if not torch.distributed.is_nccl_available():
+    if args.device == "cuda" and not torch.distributed.is_nccl_available():
         print("gpu_check: this torch has no NCCL backend", file=sys.stderr)
         return 2
-    gpus = torch.cuda.device_count()
-    world = 2 if gpus >= 2 else 1
+    gpus = torch.cuda.device_count() if args.device == "cuda" else 0
+    # One rank per GPU, at most two: NCCL refuses two ranks on one GPU, so one GPU is a
+    # world of 1 (DDP's all-reduce and FSDP's collectives then move nothing between GPUs).
+    world = args.ranks or (2 if gpus >= 2 or args.device == "cpu" else 1)
     cfg = {k: v for k, v in vars(args).items() if k != "out"}
     before = _nvml()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         torch.multiprocessing.spawn(_rank, args=(world, _free_port(), cfg, tmp), nprocs=world)
         ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
-        torch.multiprocessing.spawn(_fsdp_rank, args=(world, _free_port(), cfg, tmp), nprocs=world)
-        fsdp = [json.loads(Path(tmp, f"fsdp{r}.json").read_text()) for r in range(world)]
+        if args.out:  # kept if the FSDP part hangs and the caller's timeout ends this
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"partial": "DDP part only", "ranks": ranks}) + "\n")
+        # The FSDP part fails on its own (an older torch, an NCCL error) without losing the
+        # DDP part's figures: its error goes in the summary and the exit code is 1.
+        fsdp, fsdp_error = [], None
+        try:
+            torch.multiprocessing.spawn(
+                _fsdp_rank, args=(world, _free_port(), cfg, tmp), nprocs=world
+            )
+            fsdp = [json.loads(Path(tmp, f"fsdp{r}.json").read_text()) for r in range(world)]
+        except Exception as e:
+            fsdp_error = f"{type(e).__name__}: {str(e)[-3000:]}"
+            print(f"gpu_check: the FSDP part failed: {fsdp_error}", file=sys.stderr)
     modes = ranks[0]["modes"]
     none = modes["none"]["step_s_mean"]
     matched = all(c["match"] for r in ranks for c in r["digests"])
-    matched = matched and all(f["race_match"] and f["restored_exact"] for f in fsdp)
+    fsdp_ok = bool(fsdp) and all(f["race_match"] and f["restored_exact"] for f in fsdp)
     summary = {
         "gpus": gpus,
         "world_size": world,
-        "device": torch.cuda.get_device_name(0),
+        "device": torch.cuda.get_device_name(0) if gpus else "cpu",
         "torch": torch.__version__,
         "config": cfg,
         "state_bytes_per_rank": ranks[0]["state_bytes"],
@@ -325,9 +362,13 @@ def main(argv: list[str] | None = None) -> int:
         },
         "async_stats": [r["async_stats"] for r in ranks],
         "digests_match": matched,
+        "fsdp_ok": fsdp_ok,
         "fsdp": fsdp,
+        "fsdp_error": fsdp_error,
         "fsdp_async/none": fsdp[0]["modes"]["async"]["step_s_mean"]
-        / fsdp[0]["modes"]["none"]["step_s_mean"],
+        / fsdp[0]["modes"]["none"]["step_s_mean"]
+        if fsdp
+        else None,
         "digests": [r["digests"] for r in ranks],
         "nvml_before": before,
         "nvml_after": _nvml(),
@@ -340,7 +381,9 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(text + "\n")
     if not matched:
         print("gpu_check: an async snapshot differs from the synchronous one", file=sys.stderr)
-    return 0 if matched else 1
+    if not fsdp_ok:
+        print("gpu_check: the FSDP part failed or its check did not hold", file=sys.stderr)
+    return 0 if matched and fsdp_ok else 1
 
 
 if __name__ == "__main__":

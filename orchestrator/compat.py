@@ -5,16 +5,25 @@ one clear line instead of deep inside a recovery. Besides the version, it checks
 private torch.distributed helpers stalwart's recoverable process group relies on
 (worker/collective.py) and the Ray APIs its placement relies on (supervisor/slots.py,
 supervisor/pool.py), so a release that renames one is named in the error.
+
+STALWART_ALLOW_UNTESTED_VERSIONS=1 in the environment turns the version floor (TORCH_MIN,
+RAY_MIN) into a warning, for trying stalwart on an older torch or Ray than it was tested
+with (a machine whose torch cannot be changed). Only the floor: a missing package, and the
+private-API checks below, still raise.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import re
+import warnings
 from importlib.metadata import PackageNotFoundError, version
 
 TORCH_MIN = (2, 13)
 RAY_MIN = (2, 55)
+# Set to 1 (or true, yes): an installed version below the floor warns instead of raising.
+ALLOW_UNTESTED_ENV = "STALWART_ALLOW_UNTESTED_VERSIONS"
 # torch.distributed.distributed_c10d's private helpers: name -> parameters used
 TORCH_PRIVATE = {
     "_register_pg_in_world": (
@@ -36,6 +45,15 @@ class UnsupportedDependency(ImportError):
     """An installed torch or Ray that stalwart does not support."""
 
 
+class UntestedDependency(UserWarning):
+    """An installed torch or Ray below the tested floor, let through by ALLOW_UNTESTED_ENV."""
+
+
+def allow_untested() -> bool:
+    """ALLOW_UNTESTED_ENV is set: versions below the floor warn instead of raising."""
+    return os.environ.get(ALLOW_UNTESTED_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
 def _parse(text: str) -> tuple[int, ...]:
     m = re.match(r"(\d+)\.(\d+)", text)
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
@@ -50,10 +68,18 @@ def _installed(dist: str) -> str | None:
 
 def _require_version(dist: str, minimum: tuple[int, int], extra: str = "") -> str:
     """The installed version of `dist`; UnsupportedDependency when it is older than
-    `minimum` or missing."""
+    `minimum` (a warning instead with ALLOW_UNTESTED_ENV set) or missing."""
     found = _installed(dist)
+    least = ".".join(map(str, minimum))
+    if found is not None and _parse(found) < minimum and allow_untested():
+        warnings.warn(
+            f"stalwart is tested with {dist} >= {least}, found {found}: running anyway "
+            f"({ALLOW_UNTESTED_ENV} is set)",
+            UntestedDependency,
+            stacklevel=3,
+        )
+        return found
     if found is None or _parse(found) < minimum:
-        least = ".".join(map(str, minimum))
         raise UnsupportedDependency(
             f"stalwart needs {dist} >= {least}, found {found or 'none'}: "
             f"pip install '{dist}{extra}>={least}'"
