@@ -174,8 +174,9 @@ def test_an_hsdp_job_shrinks_to_a_multiple_of_its_shard_groups(multinode, mrun, 
     assert (resize["from"], resize["to"]) == (4, 2)
     assert "workers.multiple_of=2" in resize["reason"]
     first = tmp_path / "plain-6"
-    plain(world=4, shard=2, steps=6, save=str(first))
-    after, _ = plain(world=2, shard=2, steps=14, start=6, load=str(first))
+    cpus = WORKER_NODE_CPUS  # the job's threads per rank
+    plain(world=4, shard=2, steps=6, save=str(first), threads=cpus)
+    after, _ = plain(world=2, shard=2, steps=14, start=6, load=str(first), threads=cpus)
     for rank in (0, 1):
         ran = losses_of(tmp_path / "out", rank, 2)
         assert sorted(ran) == list(range(6, 14))
