@@ -174,7 +174,7 @@ def test_an_hsdp_job_shrinks_to_a_multiple_of_its_shard_groups(multinode, mrun, 
     assert (resize["from"], resize["to"]) == (4, 2)
     assert "workers.multiple_of=2" in resize["reason"]
     first = tmp_path / "plain-6"
-    cpus = WORKER_NODE_CPUS  # the job's threads per rank
+    cpus = spec["resources"]["cpu"]  # stalwart's torch threads per rank
     plain(world=4, shard=2, steps=6, save=str(first), threads=cpus)
     after, _ = plain(world=2, shard=2, steps=14, start=6, load=str(first), threads=cpus)
     for rank in (0, 1):
