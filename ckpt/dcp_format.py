@@ -38,15 +38,20 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from stalwart.ckpt.dtensor import ShardRef
+from stalwart.ckpt.lazy import LazyModule
 from stalwart.ckpt.manifest import Location, RankLayout, meta_from_json, meta_to_json
 from stalwart.ckpt.skeleton import SkeletonUnpickler
 from stalwart.ckpt.snapshot import Snapshot, TensorMeta, TensorRef
+
+if TYPE_CHECKING:
+    import torch
+else:  # the supervisor and the node agents import this module and start without torch
+    torch = LazyModule("torch")
 
 PER_RANK = "stalwart"
 METADATA_NAME = ".metadata"

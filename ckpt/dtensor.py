@@ -26,9 +26,14 @@ import hashlib
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from stalwart.ckpt.lazy import LazyModule
+
+if TYPE_CHECKING:
+    import torch
+else:  # the supervisor and the node agents import this module and start without torch
+    torch = LazyModule("torch")
 
 _MODULE = "torch.distributed.tensor"
 

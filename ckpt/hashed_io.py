@@ -3,10 +3,16 @@ without being copied (the durable tier, ckpt/durable.py and ckpt/legacy_shard.py
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+from stalwart.ckpt.lazy import LazyModule
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = LazyModule("torch")
 
 CHUNK = 4 << 20  # bytes per write/read/hash call
 

@@ -21,11 +21,15 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from stalwart.ckpt.lazy import LazyModule
 from stalwart.ckpt.snapshot import TensorMeta
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = LazyModule("torch")
 
 MANIFEST_FORMAT = "stalwart-manifest-2"
 MANIFEST_FORMAT_V1 = "stalwart-manifest-1"

@@ -36,11 +36,17 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
+from stalwart.ckpt.lazy import LazyModule
 from stalwart.ckpt.snapshot import TensorMeta, views_of
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = LazyModule("torch")
 
 MAGIC = 0x5354_414C_5249_4E47  # "STALRING"
 VERSION = 1

@@ -14,14 +14,19 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from stalwart.ckpt import dtensor
+from stalwart.ckpt.lazy import LazyModule
 from stalwart.ckpt.skeleton import RECHECK, SkeletonUnpickler, check, leaf_kind
 from stalwart.ckpt.skeleton import dumps as skeleton_dumps
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = LazyModule("torch")
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,7 @@ def _split(obj: Any, tensors: list[torch.Tensor], leaves: set[type]) -> Any:
     return obj
 
 
-Rebuild = Callable[[dtensor.ShardRef, torch.Tensor], Any]
+Rebuild = Callable[[dtensor.ShardRef, "torch.Tensor"], Any]
 
 
 def _join(obj: Any, tensors: list[torch.Tensor], rebuild: Rebuild) -> Any:

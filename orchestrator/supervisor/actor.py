@@ -118,6 +118,7 @@ class JobSupervisor:
 
     def run(self) -> dict[str, Any]:
         self.pool.supervisor = ray.get_runtime_context().current_actor
+        threading.Thread(target=_import_torch_distributed, daemon=True).start()
         self._start_exporter()
         leases = LeaseKeeper(lambda: list(self.pool.agents.values()))
         leases.start()
@@ -566,3 +567,10 @@ def _root_cause(failures: list[WorkerFailure]) -> WorkerFailure:
     # The exception a user can act on first, a symptom (a collective error) last.
     order = {FailureKind.USER_ERROR: 0, FailureKind.OOM: 0, FailureKind.COMM_ERROR: 2}
     return min(failures, key=lambda f: (order.get(f.kind, 1), f.at))
+
+
+def _import_torch_distributed() -> None:
+    """The rendezvous store (generation.py) needs torch.distributed: imported beside the
+    workers' start, not before the supervisor asks for them (its process starts without
+    torch) nor at the launch."""
+    import torch.distributed  # noqa: F401

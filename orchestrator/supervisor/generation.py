@@ -14,15 +14,17 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
-import torch.distributed as dist
 
 from stalwart.health.classify import classify_death
 from stalwart.health.observations import FailureKind, WorkerFailure
 from stalwart.orchestrator.spec import JobSpec
 from stalwart.orchestrator.supervisor.pool import ActorGone, WorkerPool, actor_error_text
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 COLLECTIVE_TIMEOUT_S = 1800.0
 # A worker's outcome -> the failure it stands for (others are communication errors).
@@ -40,6 +42,10 @@ def open_rendezvous(
     """A fresh TCPStore on this process, and what a worker needs to join it: its host and
     port, and gloo_host when every worker is on this machine (rendezvous and gloo then stay
     on loopback). The caller keeps the store alive while the workers use it."""
+    # Here, not at the top: the supervisor starts without torch (supervisor/actor.py
+    # imports it beside the workers' start).
+    import torch.distributed as dist
+
     host = ray.util.get_node_ip_address()
     out: dict[str, Any] = {}
     if {i["node_ip"] for i in worker_infos} == {host}:

@@ -33,7 +33,7 @@ from stalwart.orchestrator.supervisor.resources import (
 from stalwart.orchestrator.supervisor.slots import Slots, SlotsUnavailable
 from stalwart.orchestrator.supervisor.standby import Standbys
 from stalwart.orchestrator.supervisor.startup import StartupClock
-from stalwart.orchestrator.worker.actor import TrainWorker
+from stalwart.orchestrator.worker.remote import WorkerActor
 
 NODE_PING_TIMEOUT_S = 1.0  # a dead worker's node must answer this fast to keep its bundle
 ATTACH_TIMEOUT_S = 30.0
@@ -269,7 +269,7 @@ class WorkerPool:
         if spec.runtime_env:
             options["runtime_env"] = spec.runtime_env
         return (
-            ray.remote(TrainWorker)
+            ray.remote(WorkerActor)
             .options(**options)
             .remote(
                 job=spec.name,

@@ -17,7 +17,6 @@ from stalwart.orchestrator.spec import JobSpec
 from stalwart.orchestrator.supervisor.generation import open_rendezvous
 from stalwart.orchestrator.supervisor.pool import ActorGone, WorkerPool, actor_error_text
 from stalwart.orchestrator.supervisor.resources import SchedulingError
-from stalwart.orchestrator.worker.probes import pair_rounds
 
 MOVE_ATTEMPTS = 3
 
@@ -229,3 +228,18 @@ def gather(refs: dict[Any, tuple], timeout_s: float, what: str) -> dict[tuple, d
 
 def _ms(seconds: float | None) -> float | None:
     return round(seconds * 1000, 3) if seconds is not None else None
+
+
+def pair_rounds(ranks: list[int]) -> list[list[tuple[int, int]]]:
+    """Neighbour pairs in rounds where no rank is in two pairs at once: (0,1), (2,3), ...
+    then (1,2), (3,4), ..., and (last, first) to close the ring for an even number above
+    two (an odd ring does not fit in two rounds). Every rank is in at least one pair (with
+    two or more ranks)."""
+    n = len(ranks)
+    if n < 2:
+        return []
+    first = [(ranks[i], ranks[i + 1]) for i in range(0, n - 1, 2)]
+    second = [(ranks[i], ranks[i + 1]) for i in range(1, n - 1, 2)]
+    if n > 2 and n % 2 == 0:
+        second.append((ranks[-1], ranks[0]))
+    return [r for r in (first, second) if r]

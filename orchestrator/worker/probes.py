@@ -93,18 +93,3 @@ def time_pair_allreduce(
         pg.allreduce([t]).wait()
     _sync(device)
     return time.perf_counter() - t0, (pg, be, store)
-
-
-def pair_rounds(ranks: list[int]) -> list[list[tuple[int, int]]]:
-    """Neighbour pairs in rounds where no rank is in two pairs at once: (0,1), (2,3), ...
-    then (1,2), (3,4), ..., and (last, first) to close the ring for an even number above
-    two (an odd ring does not fit in two rounds). Every rank is in at least one pair (with
-    two or more ranks)."""
-    n = len(ranks)
-    if n < 2:
-        return []
-    first = [(ranks[i], ranks[i + 1]) for i in range(0, n - 1, 2)]
-    second = [(ranks[i], ranks[i + 1]) for i in range(1, n - 1, 2)]
-    if n > 2 and n % 2 == 0:
-        second.append((ranks[-1], ranks[0]))
-    return [r for r in (first, second) if r]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from stalwart.orchestrator.supervisor.preflight import pair_rounds
 from stalwart.orchestrator.worker import probes as preflight
-from stalwart.orchestrator.worker.probes import pair_rounds, time_matmul
+from stalwart.orchestrator.worker.probes import time_matmul
 
 CPU = torch.device("cpu")
 

@@ -1,0 +1,22 @@
+"""A module imported on its first use: the supervisor and the node agents import the
+checkpoint modules for their data types and byte handling, and start without torch (2 s of
+CPU each, on the nodes where a job's workers import it at the same moment)."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+
+class LazyModule(ModuleType):
+    """Stands for module `name`; the first attribute read imports it, and each attribute
+    read is kept, so the next read of it is a plain one."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+
+    def __getattr__(self, attr: str) -> Any:
+        value = getattr(importlib.import_module(self.__name__), attr)
+        setattr(self, attr, value)
+        return value

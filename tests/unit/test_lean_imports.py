@@ -1,0 +1,46 @@
+"""The supervisor and the node agents start without torch (2 s of CPU each, on the nodes
+where the job's workers import it at the same moment); the workers' actor class forwards
+the whole control API of the TrainWorker it builds in the worker's process."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["stalwart.orchestrator.supervisor.actor", "stalwart.orchestrator.agent.actor"],
+)
+def test_the_control_plane_imports_without_torch(module):
+    code = f"import sys, {module}; print('torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=100, check=True
+    )
+    assert out.stdout.strip() == "False", f"{module} imports torch"
+
+
+def test_the_worker_actor_forwards_every_public_method():
+    from stalwart.orchestrator.worker.actor import TrainWorker
+    from stalwart.orchestrator.worker.remote import METHODS, WorkerActor
+
+    public = {
+        name
+        for name, fn in inspect.getmembers(TrainWorker, inspect.isfunction)
+        if not name.startswith("_")
+    }
+    assert set(METHODS) == public
+    assert all(callable(getattr(WorkerActor, name)) for name in METHODS)
+
+
+def test_a_lazy_module_imports_on_first_use_and_keeps_what_it_read():
+    from stalwart.ckpt.lazy import LazyModule
+
+    lazy = LazyModule("json")
+    assert lazy.dumps({"a": 1}) == '{"a": 1}'
+    assert "dumps" in vars(lazy)  # the next read is a plain attribute
