@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stalwart.ckpt.lazy import LazyModule
+from stalwart.ckpt.lazy import LazyModule, is_tensor
 
 if TYPE_CHECKING:
     import torch
@@ -19,7 +19,7 @@ CHUNK = 4 << 20  # bytes per write/read/hash call
 
 def flat_bytes(payload: Any) -> memoryview:
     """The payload's bytes as a flat memoryview, without copying a CPU buffer."""
-    if isinstance(payload, torch.Tensor):
+    if is_tensor(payload):
         payload = payload.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
     arr = np.ascontiguousarray(payload).reshape(-1)
     if arr.dtype != np.uint8:

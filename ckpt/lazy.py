@@ -5,6 +5,7 @@ CPU each, on the nodes where a job's workers import it at the same moment)."""
 from __future__ import annotations
 
 import importlib
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -20,3 +21,10 @@ class LazyModule(ModuleType):
         value = getattr(importlib.import_module(self.__name__), attr)
         setattr(self, attr, value)
         return value
+
+
+def is_tensor(obj: Any) -> bool:
+    """Whether `obj` is a torch tensor, without importing torch: a process that has not
+    imported it holds none (the node agents check payloads that are numpy arrays)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stalwart.ckpt import dtensor
-from stalwart.ckpt.lazy import LazyModule
+from stalwart.ckpt.lazy import LazyModule, is_tensor
 from stalwart.ckpt.skeleton import RECHECK, SkeletonUnpickler, check, leaf_kind
 from stalwart.ckpt.skeleton import dumps as skeleton_dumps
 
@@ -151,7 +151,7 @@ def payload_checksum(payload: Any) -> int:
 
 
 def _as_numpy(payload: Any):
-    if isinstance(payload, torch.Tensor):
+    if is_tensor(payload):
         return payload.numpy()
     return payload
 
