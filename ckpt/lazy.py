@@ -25,6 +25,8 @@ class LazyModule(ModuleType):
 
 def is_tensor(obj: Any) -> bool:
     """Whether `obj` is a torch tensor, without importing torch: a process that has not
-    imported it holds none (the node agents check payloads that are numpy arrays)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(obj, torch.Tensor)
+    imported it holds none (the node agents check payloads that are numpy arrays). Nor
+    does one whose import of torch, on another thread, has not defined the class yet
+    (sys.modules holds a module from the start of its import)."""
+    tensor = getattr(sys.modules.get("torch"), "Tensor", None)
+    return tensor is not None and isinstance(obj, tensor)

@@ -14,6 +14,7 @@ agent's memory and its ranks send them through Ray (the rings close).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import threading
@@ -28,6 +29,8 @@ from stalwart.ckpt.snapshot import TensorMeta
 # A shard is moved out (a copy) only when all are kept, so never in steady state.
 SLOTS = 6
 POLL_S = 0.05
+
+log = logging.getLogger(__name__)
 
 
 class RingHub:
@@ -98,12 +101,25 @@ class RingHub:
     def _take(self, reader: RingReader) -> int:
         n = 0
         for slot, step, generation, skeleton in reader.published():
-            keep = step >= 0 and self._on_shard(reader, slot, step, generation, skeleton)
+            keep = step >= 0 and self._shard(reader, slot, step, generation, skeleton)
             reader.settle(slot, step if keep else None)
             n += 1
         if not reader.ring.closed and len(reader.held()) >= reader.ring.slots:
             self._on_full(reader)  # the rank's next snapshot would wait for a slot
         return n
+
+    def _shard(
+        self, reader: RingReader, slot: int, step: int, generation: int, skeleton: bytes
+    ) -> bool:
+        """`on_shard`, or False (the slot passed over) where it fails: this thread is the
+        only one freeing the ranks' slots, and a rank waits for a free one before its next
+        step, so an error here must cost a shard (that step is not committed for the rank),
+        never the thread (every rank of the node would hang)."""
+        try:
+            return self._on_shard(reader, slot, step, generation, skeleton)
+        except Exception:
+            log.exception("rank %d's shard of step %d was passed over", reader.rank, step)
+            return False
 
     def _loop(self) -> None:
         while not self._stop.is_set():

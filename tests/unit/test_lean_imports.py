@@ -52,3 +52,17 @@ def test_a_lazy_module_imports_on_first_use_and_keeps_what_it_read():
     lazy = LazyModule("json")
     assert lazy.dumps({"a": 1}) == '{"a": 1}'
     assert "dumps" in vars(lazy)  # the next read is a plain attribute
+
+
+def test_is_tensor_while_another_thread_is_importing_torch(monkeypatch):
+    # sys.modules holds torch from the start of its import: a node agent's ring thread
+    # checked a payload while its persist thread imported torch, read torch.Tensor from the
+    # half-made module and died (every rank of the node then waited for a free slot).
+    import types
+
+    import numpy
+
+    from stalwart.ckpt.lazy import is_tensor
+
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    assert is_tensor(numpy.zeros(3)) is False

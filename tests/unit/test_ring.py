@@ -149,6 +149,29 @@ def test_a_write_cut_short_is_never_taken_and_a_failed_copy_is_passed_over(tmp_p
         node.close()
 
 
+def test_an_error_taking_a_shard_costs_that_shard_not_the_hub(tmp_path, caplog):
+    node = _Node(tmp_path / "n")
+    take = node._shard
+
+    def fails_at_step_1(reader, slot, step, gen, skeleton):
+        if step == 1:
+            raise AttributeError("partially initialized module 'torch'")
+        return take(reader, slot, step, gen, skeleton)
+
+    node.hub._on_shard = fails_at_step_1
+    model = torch.nn.Linear(8, 8)
+    try:
+        pipe = _pipeline(node)
+        for step in range(4):  # more snapshots than the hub would free without its thread
+            pipe.submit(step, _state(step, model))
+        assert pipe.drain(5)
+        _until(lambda: 3 in node.store.stored().get(0, []))
+        assert 1 not in node.store.stored()[0]
+        assert "rank 0's shard of step 1 was passed over" in caplog.text
+    finally:
+        node.close()
+
+
 def test_a_closed_ring_makes_the_writer_open_another_and_no_room_means_ray(tmp_path):
     node = _Node(tmp_path / "n")
     model = torch.nn.Linear(8, 8)
