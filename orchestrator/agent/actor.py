@@ -49,8 +49,14 @@ class NodeAgent:
         gpu_probe: str = "none",
         gpu_interval_s: float = 2.0,
         lease_s: float | None = LEASE_S,
+        durable: bool = False,
     ):
         self.node_id = node_id
+        if durable:
+            # The job persists: the DCP files this agent writes need torch (2 s of CPU).
+            # Imported now, beside the workers' start, not at the first durable step while
+            # the ranks train ahead of it (the agent starts without torch otherwise).
+            threading.Thread(target=_import_torch, daemon=True, name="import-torch").start()
         self.store_key = store_key
         self._fired: set[int] = set()  # chaos faults carried out on this node's ranks
         # Shared-memory slot files when this machine has room for them (workers write into
@@ -525,3 +531,7 @@ def _private_copy(snap: Snapshot, rank: int) -> Snapshot:
             "persisted (its memory was reused): the step is not written"
         )
     return own
+
+
+def _import_torch() -> None:
+    import torch  # noqa: F401

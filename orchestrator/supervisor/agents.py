@@ -38,5 +38,6 @@ def start_agent(spec: JobSpec, store_key: str, node: str) -> Any:
             shm_root=spec.checkpoint.shm_dir,
             gpu_probe=gpu.probe,
             gpu_interval_s=gpu.interval_s,
+            durable=bool(spec.checkpoint.persist.uri),
         )
     )

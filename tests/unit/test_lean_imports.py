@@ -66,3 +66,23 @@ def test_is_tensor_while_another_thread_is_importing_torch(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
     assert is_tensor(numpy.zeros(3)) is False
+
+
+def test_a_node_agent_of_a_persisting_job_imports_torch_at_its_start(tmp_path):
+    # Its DCP writes need torch: imported beside the workers' start, not at the first
+    # durable step (2 s of CPU there let a fast job run 35 steps past the step it wrote).
+    code = (
+        "import sys, time\n"
+        "from stalwart.orchestrator.agent.actor import NodeAgent\n"
+        f"lean = NodeAgent('n', 'k', shm_root={str(tmp_path)!r}, lease_s=None)\n"
+        "print('torch' in sys.modules)\n"
+        f"NodeAgent('n', 'k2', shm_root={str(tmp_path)!r}, lease_s=None, durable=True)\n"
+        "deadline = time.monotonic() + 90\n"
+        "while not hasattr(sys.modules.get('torch'), 'save') and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "print(hasattr(sys.modules.get('torch'), 'save'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=110, check=True
+    )
+    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
