@@ -118,7 +118,7 @@ class JobSupervisor:
 
     def run(self) -> dict[str, Any]:
         self.pool.supervisor = ray.get_runtime_context().current_actor
-        threading.Thread(target=_import_torch_distributed, daemon=True).start()
+        threading.Thread(target=_import_torch_distributed, args=(self.spec,), daemon=True).start()
         self._start_exporter()
         leases = LeaseKeeper(lambda: list(self.pool.agents.values()))
         leases.start()
@@ -569,8 +569,12 @@ def _root_cause(failures: list[WorkerFailure]) -> WorkerFailure:
     return min(failures, key=lambda f: (order.get(f.kind, 1), f.at))
 
 
-def _import_torch_distributed() -> None:
-    """The rendezvous store (generation.py) needs torch.distributed: imported beside the
-    workers' start, not before the supervisor asks for them (its process starts without
-    torch) nor at the launch."""
-    import torch.distributed  # noqa: F401
+def _import_torch_distributed(spec: JobSpec) -> None:
+    """The rendezvous store (generation.py) needs torch.distributed, and a persisting job's
+    DCP index (ckpt/dcp_format.py) its checkpoint module: imported beside the workers'
+    start, not before the supervisor asks for them (its process starts without torch) nor
+    at the launch or the first durable step."""
+    import torch.distributed
+
+    if spec.checkpoint.persist.uri:
+        import torch.distributed.checkpoint.filesystem  # noqa: F401
