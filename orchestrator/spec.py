@@ -378,6 +378,11 @@ class JobSpec(_Model):
         if not (r.cpu or r.gpu or any(r.custom.values())):
             raise ValueError("resources: a worker must ask for some cpu, gpu or custom resource")
         for i, fault in enumerate(self.chaos.faults):
+            if fault.after_persist and not self.checkpoint.persist.uri:
+                raise ValueError(
+                    f"chaos.faults.{i}.after_persist: waits for a durable checkpoint, and "
+                    "this job has none (set checkpoint.persist.uri)"
+                )
             if fault.during == "persist" and (
                 fault.kind != "kill_node" or not self.checkpoint.persist.uri
             ):

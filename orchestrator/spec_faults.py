@@ -42,6 +42,13 @@ class _FaultBase(_Model):
         "or before at_step is committed, so the fault's restore point is known: a loss "
         "tested without racing the copies to peers (the event says which step was committed)",
     )
+    after_persist: bool = Field(
+        False,
+        description="first wait (as after_commit) until the durable tier holds the newest "
+        "step of its grid at or before at_step (checkpoint.persist.every_steps; any step "
+        "with every_seconds): a loss that must restore from storage tested without racing "
+        "the writes (the event says which step was persisted)",
+    )
     during: Literal["replace", "rendezvous", "restore", "persist", "snapshot"] | None = Field(
         None,
         description="fire instead in this phase of the first recovery after the job "

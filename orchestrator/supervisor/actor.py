@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 FINAL_REPLICATION_S = 10.0  # a finished job waits this long for its last step's copies
 METRICS_REFRESH_S = 0.5  # the exporter's values are at most this old (plus a poll)...
 METRICS_DUTY = 0.1  # ...unless refreshing them would take more of the supervisor's time
-COMMIT_WAIT_S = 60.0  # a chaos fault with after_commit waits at most this for its commit
 
 
 class JobSupervisor:
@@ -204,21 +203,21 @@ class JobSupervisor:
             self.pool.workers[fault["rank"]].add_fault.remote(fault)
         return {"fault": fault}
 
-    def await_commit(self, at_step: int, timeout_s: float = COMMIT_WAIT_S) -> int | None:
+    def await_commit(self, at_step: int, timeout_s: float, durable: bool = False) -> int | None:
         """Chaos after_commit: return once the newest snapshot at or before `at_step` is
         committed (asking the agents to copy it first), or at the deadline; the committed
-        step then. Called by the worker about to carry out the fault."""
-        every = self.spec.checkpoint.every_steps
-        wanted = at_step // every * every
-        self.ckpt.plan.require(wanted)
+        step then. `durable` (after_persist): once persisted (Checkpoints.restore_point).
+        Called by the worker about to carry out the fault."""
+        self.ckpt.plan.require(self.ckpt.restore_point(at_step, False)[0])
+        wanted, point = self.ckpt.restore_point(at_step, durable)
         deadline = time.monotonic() + timeout_s
         with self._commit_seen:
-            while (done := self.ckpt.commit.committed) is None or done < wanted:
+            while (done := point()) is None or done < wanted:
                 left = deadline - time.monotonic()
                 if left <= 0 or self.sm.state.terminal:
                     break
                 self._commit_seen.wait(left)
-        return self.ckpt.commit.committed
+        return point()
 
     def storage_outage(self, seconds: float) -> None:
         """Chaos storage_unavailable (called by the worker carrying out the fault)."""

@@ -71,6 +71,20 @@ class Checkpoints:
         # carries out while it writes (FaultBook.wire sets it).
         self.chaos_persist: Callable[[int, list[str]], dict[str, dict]] = lambda s, n: {}
 
+    def restore_point(self, at_step: int, durable: bool) -> tuple[int, Callable[[], int | None]]:
+        """What a chaos fault with after_commit (after_persist: `durable`) waits for: the
+        step it wants and how to read the step there is. Committed: the newest snapshot at
+        or before `at_step`. Persisted: the newest step of the durable grid at or before it
+        (checkpoint.persist.every_steps), or any step where the tier persists by time."""
+        if not durable:
+            every = self.spec.checkpoint.every_steps
+            return at_step // every * every, lambda: self.commit.committed
+        every = self.spec.checkpoint.persist.every_steps
+        persister = self.persister
+        return (
+            at_step // every * every if every else 0
+        ), lambda: persister.last_step if persister is not None else None
+
     # --- what memory holds ------------------------------------------------------------------
 
     def absorb(self, reports: list[dict[str, Any]], step: int) -> None:

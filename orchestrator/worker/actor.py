@@ -410,15 +410,14 @@ class TrainWorker:
         # before the process or its node disappears.
         record = {**fault, "node_id": self.node_id}
         if self.supervisor is not None:
-            if fault.get("after_commit"):
-                # Paused here until the restore point is committed (other ranks wait in
-                # the next collective): the loss then races no copy to a peer.
-                # At most half the hang timeout: a longer pause would be judged a hang.
-                wait_s = min(60.0, 0.5 * self.spec["health"]["hang_timeout_s"])
-                record["committed_step"] = ray.get(
-                    self.supervisor.await_commit.remote(fault["at_step"], wait_s)
-                )
-                record["at"] = time.time()  # the failure happens now, not when it paused
+            # Paused here until the restore point is committed, or persisted (other ranks
+            # wait in the next collective): the loss then races no copy to a peer nor
+            # write to storage. At most half the hang timeout (else judged a hang).
+            wait_s = min(60.0, 0.5 * self.spec["health"]["hang_timeout_s"])
+            for durable, key in ((False, "committed_step"), (True, "persisted_step")):
+                if fault.get("after_persist" if durable else "after_commit"):
+                    waited = self.supervisor.await_commit.remote(fault["at_step"], wait_s, durable)
+                    record[key], record["at"] = ray.get(waited), time.time()  # it fails now
             ray.get(self.supervisor.record_fault.remote(record))
         # Also with the node agent, which outlives a supervisor: its successor must not
         # fire the fault again.

@@ -201,6 +201,8 @@ def _replica_holder_loss(result, events, verdict):
     gen2 = _of(events, "generation")[1]
     assert gen2["restore_tiers"].get("durable", 0) >= 2, gen2
     assert gen2["restore_step"] % 10 == 0 and gen2["restore_step"] <= 45
+    # The step both faults waited for (after_persist) is the one restored.
+    assert {first["persisted_step"], holder["persisted_step"]} == {gen2["restore_step"]}
 
 
 def _kill_during_persist(result, events, verdict):

@@ -75,9 +75,13 @@ def test_kill_node_and_drop_replicas_restore_from_durable_storage(
             "replicas": 2,
             "persist": {"uri": str(uri), "every_steps": 10, "keep_last": 2},
         },
+        # Both wait at step 55 until step 50 is on storage (after_persist): at 65 steps/s
+        # the job ran past its first writes, and a restore from step 0 tests nothing. The
+        # wait's bound is half the hang timeout: room for a failed write's 5 s cool-down.
+        health__hang_timeout_s=30,
         chaos__faults=[
-            {"kind": "drop_replicas", "rank": 1, "at_step": 55},
-            {"kind": "kill_node", "rank": 0, "at_step": 55},
+            {"kind": "drop_replicas", "rank": 1, "at_step": 55, "after_persist": True},
+            {"kind": "kill_node", "rank": 0, "at_step": 55, "after_persist": True},
         ],
     )
     result = mrun(spec)
@@ -90,6 +94,8 @@ def test_kill_node_and_drop_replicas_restore_from_durable_storage(
     assert gen2["restore_tiers"] == {"durable": 2}
     assert 10 <= gen2["restore_step"] <= 50 and gen2["restore_step"] % 10 == 0
     assert gen2["restore_step"] in persisted
+    waited = {e["persisted_step"] for e in events_of(result, "fault_injected")}
+    assert waited == {50} and gen2["restore_step"] == 50  # what after_persist waited for
     # A failed write (a step being written when the faults hit; see docs/checkpoints.md for
     # another seen once) leaves the older checkpoints in use and a later one is written.
     for failed in events_of(result, "persist_failed"):

@@ -104,6 +104,8 @@ def test_real_prometheus_scrapes_the_job_and_the_fault_alerts_fire(
     assert fired[0]["metric"]["severity"] == "ticket"
     # Every dashboard panel's query, its variables filled in, has data while the job runs.
     prometheus.wait_for('stalwart_recoveries_total{train_job="prom-a"} == 2', timeout_s=120)
+    # Persistence runs beside training, as far behind as its writes take: waited for.
+    prometheus.wait_for('stalwart_persisted_step{train_job="prom-a"} >= 40', timeout_s=120)
     _every_panel_has_data(prometheus, "prom-a", job)
     _cancel("prom-a", job)
     assert box["result"]["status"] == "cancelled", box["result"]["error"]

@@ -62,3 +62,26 @@ def test_the_step_a_run_resumed_from_is_its_past(tmp_path):
     assert ckpt.durable_restore_point(this_run=True).step == 60
     _write(uri, 80, "run-b")
     assert ckpt.durable_restore_point(this_run=True).step == 80
+
+
+def test_what_a_fault_after_commit_or_after_persist_waits_for(tmp_path):
+    ckpt, _ = _checkpoints(str(tmp_path / "d"), "run-a")  # every step, persisting by time
+    wanted, committed = ckpt.restore_point(45, durable=False)
+    assert wanted == 45 and committed() is None
+    wanted, persisted = ckpt.restore_point(45, durable=True)
+    assert wanted == 0 and persisted() is None  # any persisted step will do
+    ckpt.persister.last_step = 30
+    assert persisted() == 30
+    spec = ckpt.spec.model_copy(
+        update={
+            "checkpoint": ckpt.spec.checkpoint.model_copy(
+                update={
+                    "every_steps": 5,
+                    "persist": ckpt.spec.checkpoint.persist.model_copy(update={"every_steps": 10}),
+                }
+            )
+        }
+    )
+    ckpt.spec = spec
+    assert ckpt.restore_point(47, durable=False)[0] == 45  # the snapshot grid
+    assert ckpt.restore_point(47, durable=True)[0] == 40  # the durable grid

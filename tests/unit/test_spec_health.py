@@ -196,6 +196,7 @@ def test_new_fault_kinds_parse(fault, cls):
     assert type(parsed) is cls
     assert parsed.model_dump() == {
         "after_commit": False,
+        "after_persist": False,
         "during": None,
         "in_collective": None,
         "peer_of_rank": None,
@@ -364,3 +365,12 @@ def test_schema_describes_health_and_new_faults():
     assert defs["Slow"]["properties"]["factor"]["exclusiveMinimum"] == 1
     assert defs["GpuXid"]["properties"]["xid"]["minimum"] == 1
     assert "xid" in defs["GpuXid"]["required"]
+
+
+def test_after_persist_needs_a_durable_tier():
+    fault = {"kind": "kill_node", "rank": 1, "at_step": 45, "after_persist": True}
+    [error] = errors_of(with_faults(fault))
+    assert "chaos.faults.0.after_persist" in error and "checkpoint.persist.uri" in error
+    spec = with_faults(fault)
+    spec["checkpoint"] = {"persist": {"uri": "/tmp/x", "every_steps": 10}}
+    assert validate(spec).chaos.faults[0].after_persist is True
