@@ -136,6 +136,7 @@ def test_validate_ok_and_set_overrides(tmp_path):
             "rank": 2,
             "at_step": 30,
             "after_commit": False,
+            "after_persist": False,
             "during": None,
             "in_collective": None,
             "peer_of_rank": None,
