@@ -26,6 +26,7 @@ from stalwart.ckpt.store import ShardInfo, ShmShardStore
 from stalwart.health.gpu_probe import FakeGpuProbe, GpuProbe, make_probe
 from stalwart.health.xid import GpuReading
 from stalwart.orchestrator.agent.channel import KEY_BYTES, ChannelServer
+from stalwart.orchestrator.agent.copy_gate import CopyGate
 from stalwart.orchestrator.agent.own_store import OwnStore
 from stalwart.orchestrator.agent.replication import ReplicaStore, Replicator
 from stalwart.orchestrator.agent.rings import RingHub
@@ -70,7 +71,10 @@ class NodeAgent:
         # the threads that send this node's shards to them, and the channel (its own key)
         # peers put copies through and restoring workers fetch shards from.
         self.replicas = ReplicaStore()
-        self.replicator = Replicator(self.store)
+        # What the ranks wait on when the copies must not lag (checkpoint.max_lag_steps).
+        self.gate = CopyGate(self.rings)
+        self._bounded = False
+        self.replicator = Replicator(self.store, on_replicated=self.gate.replicated)
         self.channel = ChannelServer(
             os.urandom(KEY_BYTES), self._channel_put, self.get_shard, self.replicas.reserve
         )
@@ -147,7 +151,7 @@ class NodeAgent:
             return False
         # Trimmed only by the supervisor's prunes, which know what persistence and the
         # next commit still need; a ring the prunes leave full moves a shard out instead.
-        self._after_hand_over(rank, step)
+        self._after_hand_over(rank, step, generation)
         return True
 
     def _ring_full(self, reader: RingReader) -> None:
@@ -166,7 +170,7 @@ class NodeAgent:
         if snapshot.step <= self._refuse_upto or self._stale(generation):
             return ShardInfo(rank, snapshot.step, 0)
         info = self.store.put(rank, snapshot)
-        self._after_hand_over(rank, snapshot.step)
+        self._after_hand_over(rank, snapshot.step, generation)
         return info
 
     def fill_shm(self, seconds: float) -> int:
@@ -191,14 +195,14 @@ class NodeAgent:
         payload[len(payload) // 2] ^= 0xFF
         return True
 
-    def _after_hand_over(self, rank: int, step: int) -> None:
+    def _after_hand_over(self, rank: int, step: int, generation: int | None = None) -> None:
         with self._lock:
             left = self._corrupt_next.get(rank, 0)
             if left:
                 self._corrupt_next[rank] = left - 1
         if left:
             self._corrupt(rank, step)  # chaos corrupt_shard, still at work
-        self.replicator.offer(rank, step)
+        self.replicator.offer(rank, step, generation)
 
     def discard(self, rank: int, step: int) -> None:
         """A rank could not restore `rank`'s shard of `step` from here (corrupt, torn):
@@ -222,9 +226,25 @@ class NodeAgent:
     def set_peers(self, peers: dict[str, Any]) -> None:
         """node -> agent: the peers that keep copies of this node's shards."""
         self.replicator.set_peers(peers)
+        self._publish_gate()
 
-    def set_stride(self, stride: int) -> None:
-        self.replicator.set_stride(stride)
+    def set_stride(self, stride: int, bounded: bool = False) -> None:
+        """Copies of every `stride` steps; `bounded`: all of them, and the ranks wait for
+        them (checkpoint.max_lag_steps)."""
+        self.replicator.set_stride(stride, bounded)
+        self._bounded = bounded
+        self._publish_gate()
+
+    def _publish_gate(self) -> None:
+        """The stride the ranks wait on: the replicator's, with a bound and peers; else 0."""
+        bounded = self._bounded and self.replicator.has_peers
+        self.gate.set_stride(self.replicator.stride if bounded else 0)
+
+    def copies_reached(
+        self, rank: int, generation: int, step: int, timeout_s: float
+    ) -> tuple[int, tuple[int, int] | None]:
+        """For a rank that sends its shards through Ray (no ring to read): CopyGate.reached."""
+        return self.gate.reached(rank, generation, step, timeout_s)
 
     def replicate(self, step: int) -> None:
         """Send this node's shards of `step` to the peers next (in the background)."""

@@ -290,7 +290,10 @@ class JobSupervisor:
             cordoned=self.pool.cordon_log,
             lost_nodes=sorted(self.pool.lost_nodes),
             stragglers=self.detect.flags,
-            replication=ckpt.replication_summary(),
+            replication={
+                **ckpt.replication_summary(),
+                "wait_s": round(self.metrics.copy_wait_s, 2),
+            },
             persist=ckpt.persister.summary() if ckpt.persister else None,
             resumed_from=ckpt.resumed_from,
             supervisor_restarts=self.supervisor_restarts,
@@ -450,6 +453,8 @@ class JobSupervisor:
         )
         self.detect.start_generation(time.time())
         self.ledger.new_generation()
+        # The agents know their peers (and the copies' bound) before the first step.
+        self.ckpt.plan.sync()
         self.gen.start(restore_step, *self.ckpt.restore_from(restore_step, durable), faults)
 
     def _finish(self) -> None:
@@ -548,6 +553,7 @@ class JobSupervisor:
             dict(self.ckpt.replication),
             1 / steady if steady else None,
         )
+        self.ckpt.plan.note_waits(self.metrics.copy_wait_s, now)
         self._metrics_cost = time.perf_counter() - started
 
 
