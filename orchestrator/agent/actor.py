@@ -144,7 +144,7 @@ class NodeAgent:
         generation older than the newest rollback is refused (a shard of an aborted
         generation counts toward no commit), as is one lost with the node's memory."""
         rank = reader.rank
-        if step <= self._refuse_upto or self._stale(generation):
+        if self._refused(rank, step, generation):
             return False
         checksum = payload_checksum(reader.ring.payload(slot))  # damage after this is found
         if not self.store.commit_ring(rank, step, skeleton, reader, slot, checksum):
@@ -165,9 +165,21 @@ class NodeAgent:
     def _stale(self, generation: int | None) -> bool:
         return generation is not None and generation < self._fence
 
+    def _refused(self, rank: int, step: int, generation: int | None) -> bool:
+        """A hand-over not kept: of an aborted generation, or lost with the node's memory
+        (chaos drop_replicas). The latter is never sent to the peers either: its rank must
+        not wait for those copies (checkpoint.max_lag_steps), so it counts as passed, as
+        a shard the replicator cannot send does; the bound holds again from the next step
+        kept."""
+        if self._stale(generation):
+            return True
+        if step > self._refuse_upto:
+            return False
+        self.gate.replicated(rank, step, generation)
+        return True
+
     def put_shard(self, rank: int, snapshot: Snapshot, generation: int | None = None) -> ShardInfo:
-        # Lost with the node's memory (chaos drop_replicas), or of an aborted generation.
-        if snapshot.step <= self._refuse_upto or self._stale(generation):
+        if self._refused(rank, snapshot.step, generation):
             return ShardInfo(rank, snapshot.step, 0)
         info = self.store.put(rank, snapshot)
         self._after_hand_over(rank, snapshot.step, generation)

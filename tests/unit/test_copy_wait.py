@@ -127,6 +127,28 @@ def test_through_ray_the_agent_is_asked_only_while_its_answer_does_not_cover(tmp
     assert asked[-1] == (1, 8) and len(asked) <= 4
 
 
+def test_shards_lost_with_the_nodes_memory_do_not_hold_their_rank(tmp_path):
+    """After chaos drop_replicas the agent refuses its ranks' shards of the steps it lost
+    (they will never be copied): a rank that restored from durable storage and snapshots
+    those steps again must not wait for their copies (CI: rank 1 waited 300 s, until the
+    hang timeout). A shard of an aborted generation is refused without counting."""
+    from stalwart.orchestrator.agent.actor import NodeAgent
+
+    agent = NodeAgent("node-a", "job-key", shm_root=str(tmp_path / "shm"), lease_s=None)
+    try:
+        agent.set_stride(1, bounded=True)
+        agent.wipe(up_to=55)
+        snap = SnapshotBuffer().capture(53, {"w": torch.zeros(4)})
+        assert agent.put_shard(1, snap, generation=2).nbytes == 0
+        assert agent.store.stored().get(1) in (None, [])
+        assert agent.gate.reached(1, 2, 53, timeout_s=0.0)[1] == (2, 53)
+        agent.prune(above=53, fence=3, seq=(0, 1))  # generation 2 aborted
+        assert agent.put_shard(2, snap, generation=2).nbytes == 0
+        assert agent.gate.reached(2, 2, 53, timeout_s=0.0)[1] is None
+    finally:
+        agent.close()
+
+
 def _no() -> bool:
     return False
 
