@@ -108,3 +108,23 @@ def choose_stride(
     if k != cur and (k >= 2 * cur or 2 * k <= cur):
         return k * every, why
     return current, why
+
+
+def bounded_stride(every: int, max_lag: int) -> int:
+    """Steps apart of the copies sent to peers when the commit may lag the newest snapshot
+    by at most `max_lag` steps: the largest multiple of `every` (the snapshot interval)
+    not above `max_lag`, and `every` when that is larger. Copies as far apart as the bound
+    allows, each then given `max_lag - stride + 1` steps to reach the peers (lag_gate)."""
+    if every < 1 or max_lag < 0:
+        raise ValueError(f"every must be >= 1 and max_lag >= 0, got {every} and {max_lag}")
+    return max(every, max_lag // every * every)
+
+
+def lag_gate(step: int, max_lag: int, stride: int, start: int) -> int | None:
+    """The step whose copies must be on the peers before training goes past snapshot `step`,
+    so that the newest commit is never more than `max_lag` steps behind it: the first
+    multiple of `stride` (the steps the replicator sends) at or above `step - max_lag`.
+    None: nothing to wait for (the generation restored from `start`, already committed, and
+    the step asked for is not newer)."""
+    need = -(-(step - max_lag) // stride) * stride  # ceil to the stride's grid
+    return need if need > start else None

@@ -22,6 +22,12 @@ through a copy leaves a slot the agent never reads. The ring's state word (the a
 says it is closed: its rank must open another (the node's shards moved out of shared
 memory, or ranks were renumbered).
 
+Two more words of the ring's (the agent) bound how far the copies on peer nodes may lag
+(ckpt/replicas.py `lag_gate`): the replication stride (the steps the node sends to its
+peers; 0: it has none, nothing to wait for) and the rank's newest shard that reached every
+peer, with the generation that wrote it (`pack_replicated`). The rank reads them at each
+step boundary and waits there while its copies are too far behind: no call per step.
+
 The words are aligned 8-byte stores, so a reader never sees half of one; the order of the
 stores (the data, then seq) is kept on x86-64's total store order, which this layout
 assumes (as the seqlock of DLRover's flash checkpoint does).
@@ -57,11 +63,26 @@ OPEN, CLOSED = 0, 1
 # ring words
 W_MAGIC, W_VERSION, W_SLOTS, W_PAYLOAD, W_SKEL_CAP, W_STRIDE, W_STATE, W_LAYOUT_LEN = range(8)
 W_HEADER = 8
+W_REPL_STRIDE, W_REPLICATED = 9, 10  # the agent's: see the module's docstring
 W_SLOT0 = 64
 # slot words
 S_SEQ, S_STEP, S_SKEL_LEN, S_GENERATION = 0, 1, 2, 3
 S_ACK, S_HOLD = 8, 9
 BELL = "bell"
+
+NOT_REPLICATED = -1
+_STEP_BITS = 40  # 10^12 steps; the generation above them (one aligned word: never torn)
+
+
+def pack_replicated(generation: int, step: int) -> int:
+    assert 0 <= step < 1 << _STEP_BITS and 0 <= generation < 1 << (63 - _STEP_BITS)
+    return generation << _STEP_BITS | step
+
+
+def unpack_replicated(word: int) -> tuple[int, int] | None:
+    if word < 0:
+        return None
+    return word >> _STEP_BITS, word & ((1 << _STEP_BITS) - 1)
 
 
 def _round(n: int) -> int:
@@ -135,6 +156,7 @@ class RingFile:
         w[W_VERSION], w[W_SLOTS], w[W_PAYLOAD] = VERSION, slots, payload_nbytes
         w[W_SKEL_CAP], w[W_STRIDE], w[W_STATE] = skel_cap, stride, OPEN
         w[W_LAYOUT_LEN], w[W_HEADER] = len(layout), header
+        w[W_REPL_STRIDE], w[W_REPLICATED] = 0, NOT_REPLICATED
         start = W_SLOT0 * 8 + 8 * SLOT_WORDS * slots
         m[start : start + len(layout)] = np.frombuffer(layout, dtype=np.uint8)
         for i in range(slots):
@@ -153,6 +175,18 @@ class RingFile:
     @property
     def closed(self) -> bool:
         return int(self.words[W_STATE]) == CLOSED
+
+    def replication(self) -> tuple[int, tuple[int, int] | None]:
+        """(the node's replication stride, 0 without peers; (generation, step) of the rank's
+        newest shard on every peer, or None)."""
+        return int(self.words[W_REPL_STRIDE]), unpack_replicated(int(self.words[W_REPLICATED]))
+
+    def set_replication(self, stride: int | None = None, replicated: int | None = None) -> None:
+        """The agent's side of `replication` (`replicated`: a `pack_replicated` word)."""
+        if stride is not None:
+            self.words[W_REPL_STRIDE] = stride
+        if replicated is not None:
+            self.words[W_REPLICATED] = replicated
 
     def close_for_writers(self) -> None:
         self.words[W_STATE] = CLOSED

@@ -254,6 +254,15 @@ class RingPipeline:
             time.sleep(0.002)
         return True
 
+    def copies(self) -> tuple[int, tuple[int, int] | None] | None:
+        """What the agent says of this rank's copies on peer nodes, from the ring's words
+        (ckpt/ring.py `RingFile.replication`); None without an open ring to read them from
+        (snapshots go through Ray, or none was written yet): ask the agent instead."""
+        w = self._writer
+        if self._fallback is not None or w is None or w.ring.closed:
+            return None
+        return w.ring.replication()
+
     def forget(self) -> None:
         """Stop using the current ring (ranks are renumbered: the next snapshot asks the
         agent for one under the new rank)."""

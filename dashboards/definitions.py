@@ -234,6 +234,19 @@ def checkpoints() -> dict[str, Any]:
                 "steps a node loss would redo now",
             ),
             Panel(
+                "Training held for copies",
+                "timeseries",
+                (
+                    Target(
+                        f"sum(rate(stalwart_replication_wait_seconds_total{{{JOB}}}{RATE}))",
+                        "waiting",
+                    ),
+                ),
+                "percentunit",
+                "share of the time training waited at step boundaries for its checkpoint "
+                "copies to reach peer nodes (checkpoint.max_lag_steps: the commit lag's bound)",
+            ),
+            Panel(
                 "Checkpoint age",
                 "timeseries",
                 (

@@ -47,7 +47,9 @@ def hung_ranks(
     In data-parallel training one hung rank stalls everyone at the next collective. A rank
     frozen for `hang_timeout_s` *outside* any collective is a culprit, and every rank waiting
     in a collective waits for it. If every beating rank is frozen inside a collective, the
-    collective itself is stuck.
+    collective itself is stuck. A rank waiting for its checkpoint copies to reach peer
+    nodes (checkpoint.max_lag_steps) is waiting too, not a culprit: if all wait so,
+    replication is stuck.
     A rank whose heartbeats stopped is not hung but lost; liveness handles it.
     """
     beating = [r for r in ranks if now - r.beat_at < beat_timeout_s]
@@ -56,14 +58,10 @@ def hung_ranks(
     frozen = [r for r in beating if now - r.step_changed_at >= hang_timeout_s]
     if not frozen:
         return None, "steps advancing"
-    culprits = tuple(sorted(r.rank for r in frozen if r.collective_since is None))
+    culprits = tuple(sorted(r.rank for r in frozen if not r.waiting))
     if culprits:
         # Everyone in a collective now waits for the culprits, however recently it stepped.
-        waiting = tuple(
-            sorted(
-                r.rank for r in beating if r.collective_since is not None and r.rank not in culprits
-            )
-        )
+        waiting = tuple(sorted(r.rank for r in beating if r.waiting and r.rank not in culprits))
     elif len(frozen) == len(beating):
         waiting = tuple(sorted(r.rank for r in frozen))
     else:
@@ -74,6 +72,12 @@ def hung_ranks(
             f"rank(s) {', '.join(map(str, culprits))} made no step for {stalled:.1f} s "
             f"(health.hang_timeout_s={hang_timeout_s}) outside any collective"
             + (f"; rank(s) {', '.join(map(str, waiting))} wait for them" if waiting else "")
+        )
+    elif all(r.copies_since is not None for r in frozen):
+        reason = (
+            f"all {len(frozen)} beating ranks have waited for their checkpoint copies to "
+            f"reach peer nodes for {stalled:.1f} s (health.hang_timeout_s={hang_timeout_s}, "
+            "checkpoint.max_lag_steps): replication is stuck"
         )
     else:
         reason = (

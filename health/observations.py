@@ -113,6 +113,13 @@ class RankView:
     step_changed_at: float  # when `step` last changed (or the generation started)
     beat_at: float  # when the agent received the latest heartbeat
     collective_since: float | None = None  # oldest collective still pending, if any
+    # waiting since then for its checkpoint copies to reach peer nodes (max_lag_steps)
+    copies_since: float | None = None
+
+    @property
+    def waiting(self) -> bool:
+        """Blocked on others (a collective, or its copies on peers), not its own work."""
+        return self.collective_since is not None or self.copies_since is not None
 
 
 @dataclass(frozen=True)

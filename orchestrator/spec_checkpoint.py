@@ -82,13 +82,27 @@ class CheckpointSpec(_Model):
         "and replicas-1 peers', in groups: losing any replicas-1 nodes loses no shard); a "
         "step is committed once every shard has them",
     )
+    max_lag_steps: int | None = Field(
+        2,
+        ge=0,
+        le=MAX_STEPS,
+        description="the newest committed step (every shard on `replicas` nodes) is never "
+        "more than this many steps behind the newest snapshot: copies of every "
+        "max_lag_steps-th step go to the peers, and when they fall behind (a slow link, a "
+        "busy node) training waits for them at the next step boundary (metric "
+        "stalwart_replication_wait_seconds_total, event replication_wait). A node lost "
+        "after step k then costs at most max_lag_steps + 1 steps; 0: every step is copied "
+        "before the next begins. null: no bound, copies thinned by replication_duty alone "
+        "(they may lag by seconds)",
+    )
     replication_duty: float = Field(
         0.1,
         gt=0,
         le=1,
-        description="the share of the time a node may spend sending copies to its peers: "
-        "copies are thinned to every k-th snapshot so one round of sends (measured) fits it; "
-        "the committed step then lags more (event replication_stride says by how much)",
+        description="with max_lag_steps null: the share of the time a node may spend sending "
+        "copies to its peers: copies are thinned to every k-th snapshot so one round of sends "
+        "(measured) fits it; the committed step then lags more (event replication_stride "
+        "says by how much)",
     )
     persist: PersistSpec = Field(default_factory=PersistSpec)
     init_from: str | None = Field(

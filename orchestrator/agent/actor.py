@@ -26,6 +26,7 @@ from stalwart.ckpt.store import ShardInfo, ShmShardStore
 from stalwart.health.gpu_probe import FakeGpuProbe, GpuProbe, make_probe
 from stalwart.health.xid import GpuReading
 from stalwart.orchestrator.agent.channel import KEY_BYTES, ChannelServer
+from stalwart.orchestrator.agent.copy_gate import CopyGate
 from stalwart.orchestrator.agent.own_store import OwnStore
 from stalwart.orchestrator.agent.replication import ReplicaStore, Replicator
 from stalwart.orchestrator.agent.rings import RingHub
@@ -76,7 +77,10 @@ class NodeAgent:
         # the threads that send this node's shards to them, and the channel (its own key)
         # peers put copies through and restoring workers fetch shards from.
         self.replicas = ReplicaStore()
-        self.replicator = Replicator(self.store)
+        # What the ranks wait on when the copies must not lag (checkpoint.max_lag_steps).
+        self.gate = CopyGate(self.rings)
+        self._bounded = False
+        self.replicator = Replicator(self.store, on_replicated=self.gate.replicated)
         self.channel = ChannelServer(
             os.urandom(KEY_BYTES), self._channel_put, self.get_shard, self.replicas.reserve
         )
@@ -146,14 +150,14 @@ class NodeAgent:
         generation older than the newest rollback is refused (a shard of an aborted
         generation counts toward no commit), as is one lost with the node's memory."""
         rank = reader.rank
-        if step <= self._refuse_upto or self._stale(generation):
+        if self._refused(rank, step, generation):
             return False
         checksum = payload_checksum(reader.ring.payload(slot))  # damage after this is found
         if not self.store.commit_ring(rank, step, skeleton, reader, slot, checksum):
             return False
         # Trimmed only by the supervisor's prunes, which know what persistence and the
         # next commit still need; a ring the prunes leave full moves a shard out instead.
-        self._after_hand_over(rank, step)
+        self._after_hand_over(rank, step, generation)
         return True
 
     def _ring_full(self, reader: RingReader) -> None:
@@ -167,12 +171,24 @@ class NodeAgent:
     def _stale(self, generation: int | None) -> bool:
         return generation is not None and generation < self._fence
 
+    def _refused(self, rank: int, step: int, generation: int | None) -> bool:
+        """A hand-over not kept: of an aborted generation, or lost with the node's memory
+        (chaos drop_replicas). The latter is never sent to the peers either: its rank must
+        not wait for those copies (checkpoint.max_lag_steps), so it counts as passed, as
+        a shard the replicator cannot send does; the bound holds again from the next step
+        kept."""
+        if self._stale(generation):
+            return True
+        if step > self._refuse_upto:
+            return False
+        self.gate.replicated(rank, step, generation)
+        return True
+
     def put_shard(self, rank: int, snapshot: Snapshot, generation: int | None = None) -> ShardInfo:
-        # Lost with the node's memory (chaos drop_replicas), or of an aborted generation.
-        if snapshot.step <= self._refuse_upto or self._stale(generation):
+        if self._refused(rank, snapshot.step, generation):
             return ShardInfo(rank, snapshot.step, 0)
         info = self.store.put(rank, snapshot)
-        self._after_hand_over(rank, snapshot.step)
+        self._after_hand_over(rank, snapshot.step, generation)
         return info
 
     def fill_shm(self, seconds: float) -> int:
@@ -197,14 +213,14 @@ class NodeAgent:
         payload[len(payload) // 2] ^= 0xFF
         return True
 
-    def _after_hand_over(self, rank: int, step: int) -> None:
+    def _after_hand_over(self, rank: int, step: int, generation: int | None = None) -> None:
         with self._lock:
             left = self._corrupt_next.get(rank, 0)
             if left:
                 self._corrupt_next[rank] = left - 1
         if left:
             self._corrupt(rank, step)  # chaos corrupt_shard, still at work
-        self.replicator.offer(rank, step)
+        self.replicator.offer(rank, step, generation)
 
     def discard(self, rank: int, step: int) -> None:
         """A rank could not restore `rank`'s shard of `step` from here (corrupt, torn):
@@ -228,9 +244,25 @@ class NodeAgent:
     def set_peers(self, peers: dict[str, Any]) -> None:
         """node -> agent: the peers that keep copies of this node's shards."""
         self.replicator.set_peers(peers)
+        self._publish_gate()
 
-    def set_stride(self, stride: int) -> None:
-        self.replicator.set_stride(stride)
+    def set_stride(self, stride: int, bounded: bool = False) -> None:
+        """Copies of every `stride` steps; `bounded`: all of them, and the ranks wait for
+        them (checkpoint.max_lag_steps)."""
+        self.replicator.set_stride(stride, bounded)
+        self._bounded = bounded
+        self._publish_gate()
+
+    def _publish_gate(self) -> None:
+        """The stride the ranks wait on: the replicator's, with a bound and peers; else 0."""
+        bounded = self._bounded and self.replicator.has_peers
+        self.gate.set_stride(self.replicator.stride if bounded else 0)
+
+    def copies_reached(
+        self, rank: int, generation: int, step: int, timeout_s: float
+    ) -> tuple[int, tuple[int, int] | None]:
+        """For a rank that sends its shards through Ray (no ring to read): CopyGate.reached."""
+        return self.gate.reached(rank, generation, step, timeout_s)
 
     def replicate(self, step: int) -> None:
         """Send this node's shards of `step` to the peers next (in the background)."""

@@ -30,6 +30,18 @@ queue ever emptying: the urgent thread then takes the next shards (each rank's n
 until it has caught up. (One thread cannot do this alone: lowering a thread's niceness
 takes a privilege that containers seldom grant.) `status()["sends"]["urgent"]` counts the
 shards sent at full priority.
+
+Bounded lag (checkpoint.max_lag_steps, `set_stride(..., bounded=True)`). Skipping to each
+rank's newest shard can leave the ranks' copies on different steps, so that no step
+commits until they meet again, which is how the copies used to lag by seconds. With a bound
+nothing is skipped: every shard on the stride's grid is sent, oldest first, and each one
+that reached every peer is reported (`on_replicated`: rank, step, the generation that
+wrote it), which the agent writes into the rank's ring for the rank to wait on
+(ckpt/replicas.py `lag_gate`). The queue cannot grow: the ranks wait for it. A copy a peer
+failed is sent again (after 0.2 s, doubling to 2 s while it keeps failing) until it
+succeeds or the peers change; a shard that cannot be sent at all (damaged since its
+hand-over, or dropped by a rollback) is reported as passed, so that its rank is not held
+forever: the bound then holds from the next step on the grid.
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -48,6 +61,7 @@ from stalwart.ckpt.store import MemoryShardStore, ShardInfo, ShardStore
 from stalwart.orchestrator.agent.channel import ChannelError, ChannelTimeout, PeerLink
 
 SEND_TIMEOUT_S = 60.0
+RETRY_S = (0.2, 2.0)  # bounded lag: a failed copy is sent again after this, doubling
 CALM_NICE = 10
 URGENT_STRIDES = 4  # a rank's copies this many strides behind its newest: full priority
 URGENT_AFTER_S = 10.0  # or shards waiting this long, the queue never empty
@@ -81,6 +95,7 @@ class Replicator:
         here: str | None = None,
         urgent_after_s: float = URGENT_AFTER_S,
         urgent_strides: int = URGENT_STRIDES,
+        on_replicated: Callable[[int, int, int | None], None] | None = None,
     ):
         self._store = store
         self._timeout_s = timeout_s
@@ -89,10 +104,16 @@ class Replicator:
         self._urgent_strides = urgent_strides
         self._cv = threading.Condition()
         self._peers: dict[str, Any] = {}
-        self._pending: dict[int, int] = {}  # rank -> newest step offered, not yet sent
+        self._on_replicated = on_replicated
+        # rank -> [(step, generation)] offered, not yet sent, oldest first (unbounded: the
+        # newest alone)
+        self._pending: dict[int, list[tuple[int, int | None]]] = {}
+        self._newest: dict[int, tuple[int, int | None]] = {}  # rank -> (step, generation)
         self._stride = 1  # only steps that are multiples of this are sent (set_stride)
+        self._bounded = False  # send every step of the grid, in order (set_stride)
         self._wanted: int | None = None  # a step every rank's shard of goes next
-        self._batch: list[tuple[int, int]] = []  # the round being sent, one shard at a time
+        # the round being sent, one shard at a time: (rank, step, generation)
+        self._batch: list[tuple[int, int, int | None]] = []
         self._sending: set[int] = set()
         self._busy = False  # a thread is sending a shard
         self._behind_since: float | None = None  # shards waiting since (None: caught up)
@@ -108,6 +129,7 @@ class Replicator:
         self.sends = {"channel": 0, "ray": 0, "urgent": 0}  # copies per way, shards urgent
         self.channel_errors = 0
         self.last_channel_error: str | None = None
+        self._retry_s = RETRY_S[0]
         for urgent in (False, True):
             threading.Thread(
                 target=self._loop,
@@ -124,25 +146,45 @@ class Replicator:
                 # Shards already here were sent to the old peers, or to none: send the
                 # newest of each rank to the new group.
                 for rank, steps in self._store.stored().items():
-                    self._pending[rank] = max(steps[-1], self._pending.get(rank, -1))
+                    queued = self._pending.get(rank, [])
+                    if not queued or steps[-1] > queued[-1][0]:
+                        newest = self._newest.get(rank)
+                        gen = newest[1] if newest and newest[0] == steps[-1] else None
+                        self._pending[rank] = [*queued, (steps[-1], gen)]
                 self._behind_since = time.monotonic() if self._has_work() else None
                 self._cv.notify_all()
 
-    def set_stride(self, stride: int) -> None:
+    def set_stride(self, stride: int, bounded: bool = False) -> None:
         """Send only steps that are multiples of `stride` (the same on every node, so the
-        ranks' copies meet on common steps): the supervisor thins fast steps out."""
+        ranks' copies meet on common steps): the supervisor thins fast steps out.
+        `bounded`: every one of them, in order (the ranks wait for them)."""
         with self._cv:
             self._stride = max(1, int(stride))
+            self._bounded = bounded
 
-    def offer(self, rank: int, step: int) -> None:
-        """`rank`'s shard of `step` was just stored here: send it when the thread is free."""
+    @property
+    def stride(self) -> int:
+        return self._stride
+
+    @property
+    def has_peers(self) -> bool:
+        return bool(self._peers)
+
+    def offer(self, rank: int, step: int, generation: int | None = None) -> None:
+        """`rank`'s shard of `step` (written by `generation`) was just stored here: send it
+        when the thread is free."""
         with self._cv:
-            if step % self._stride:
+            self._newest[rank] = (step, generation)  # for new peers (set_peers)
+            if step % self._stride or not self._peers:
                 return
-            if self._peers and step > self._pending.get(rank, -1):
-                self._pending[rank] = step
-                self._unsent[rank] = self._unsent.get(rank, 0) + 1
-                self._queued()
+            queued = self._pending.get(rank, [])
+            if queued and step <= queued[-1][0]:
+                return
+            self._pending[rank] = (
+                [*queued, (step, generation)] if self._bounded else [(step, generation)]
+            )
+            self._unsent[rank] = self._unsent.get(rank, 0) + 1
+            self._queued()
 
     def replicate(self, step: int) -> None:
         """Send every rank's shard of `step` next (the supervisor aligns the ranks)."""
@@ -154,7 +196,7 @@ class Replicator:
     def pinned(self) -> set[int]:
         """Steps that must stay in the store (queued or being sent)."""
         with self._cv:
-            steps = set(self._pending.values()) | self._sending
+            steps = {s for queued in self._pending.values() for s, _ in queued} | self._sending
             if self._wanted is not None:
                 steps.add(self._wanted)
             return steps
@@ -163,7 +205,7 @@ class Replicator:
         with self._cv:
             return {
                 "peers": sorted(self._peers),
-                "queued": len(self._pending) + len(self._batch),
+                "queued": sum(map(len, self._pending.values())) + len(self._batch),
                 "errors": self.errors,
                 "last_error": self.last_error,
                 "seconds": round(self.seconds, 4),
@@ -199,8 +241,9 @@ class Replicator:
         waited = time.monotonic() - (self._behind_since or time.monotonic())
         return waited >= self._urgent_after_s, self._urgent_after_s - waited
 
-    def _next(self, urgent: bool) -> tuple[int, int, dict[str, Any]] | None:
-        """The (rank, step) shard for this thread to send now, and the peers; None: stop.
+    def _next(self, urgent: bool) -> tuple[int, int, int | None, dict[str, Any]] | None:
+        """The (rank, step, generation) shard for this thread to send now, and the peers;
+        None: stop.
         The calm thread takes it while the sender keeps up, the urgent one when it is
         behind (`_behind`)."""
         with self._cv:
@@ -219,23 +262,41 @@ class Replicator:
                 if self._wanted is not None:
                     step, self._wanted = self._wanted, None
                     stored = self._store.stored().items()
-                    self._batch = [(r, step) for r, steps in stored if step in steps]
-                    for rank, _ in self._batch:
-                        if self._pending.get(rank, -1) <= step:
+                    self._batch = []
+                    for rank, steps in stored:
+                        if step not in steps:
+                            continue
+                        queued = self._pending.get(rank, [])
+                        gen = next((g for s, g in queued if s == step), None)
+                        self._batch.append((rank, step, gen))
+                        left = [(s, g) for s, g in queued if s > step]  # sent with this one
+                        if left:
+                            self._pending[rank] = left
+                        else:
                             self._pending.pop(rank, None)
                             self._unsent.pop(rank, None)
+                elif self._bounded:  # each rank's oldest, in step order
+                    self._batch = sorted(
+                        ((r, *queued[0]) for r, queued in self._pending.items()),
+                        key=lambda x: (x[1], x[0]),
+                    )
+                    for rank, _, _ in self._batch:
+                        del self._pending[rank][0]
+                        if not self._pending[rank]:
+                            del self._pending[rank]
+                            self._unsent.pop(rank, None)
                 else:
-                    self._batch, self._pending = sorted(self._pending.items()), {}
-                    self._unsent = {}
+                    self._batch = sorted((r, *q[-1]) for r, q in self._pending.items())
+                    self._pending, self._unsent = {}, {}
             if not self._batch:  # the step asked for is held for no rank
                 self._after_round()
                 return self._next(urgent)
-            rank, step = self._batch.pop(0)
-            self._sending = {step} | {s for _, s in self._batch}
+            rank, step, gen = self._batch.pop(0)
+            self._sending = {step} | {s for _, s, _ in self._batch}
             self._busy = True
             if urgent:
                 self.sends["urgent"] += 1
-            return rank, step, dict(self._peers)
+            return rank, step, gen, dict(self._peers)
 
     def _after_round(self) -> None:
         self.rounds += 1
@@ -249,17 +310,23 @@ class Replicator:
             with contextlib.suppress(OSError, AttributeError):
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CALM_NICE)
         while (item := self._next(urgent)) is not None:
-            rank, step, peers = item
+            rank, step, gen, peers = item
             t0 = time.perf_counter()
-            nbytes = 0
+            nbytes, outcome = 0, "failed"
             try:
-                nbytes = self._send(rank, step, peers)
+                nbytes, outcome = self._send(rank, step, peers)
+                if outcome != "failed" and self._on_replicated is not None:
+                    self._on_replicated(rank, step, gen)
             except Exception as e:  # never the end of the thread: reported, step uncommitted
                 with self._cv:
                     self.errors += 1
                     self.last_error = f"rank {rank} step {step}: {type(e).__name__}: {e}"[:300]
             finally:
                 with self._cv:
+                    if outcome == "failed" and self._bounded and not self._stop:
+                        self._again(rank, step, gen)
+                    elif outcome == "sent":
+                        self._retry_s = RETRY_S[0]
                     self._busy = False
                     self.seconds += time.perf_counter() - t0
                     self.sent_bytes += nbytes
@@ -268,17 +335,28 @@ class Replicator:
                         self._after_round()
                     self._cv.notify_all()
 
-    def _send(self, rank: int, step: int, peers: dict[str, Any]) -> int:
+    def _again(self, rank: int, step: int, gen: int | None) -> None:
+        """Bounded lag: a copy a peer failed goes first again, after a back-off this thread
+        waits out holding the sender (called with the lock held)."""
+        queued = [x for x in self._pending.get(rank, []) if x[0] != step]
+        self._pending[rank] = [(step, gen), *queued]
+        self._cv.wait_for(lambda: self._stop, timeout=self._retry_s)
+        self._retry_s = min(2 * self._retry_s, RETRY_S[1])
+
+    def _send(self, rank: int, step: int, peers: dict[str, Any]) -> tuple[int, str]:
+        """Copy `rank`'s shard of `step` to every peer: (bytes sent, "sent" when it reached
+        every peer, "failed" when one failed, "unsendable" when the shard is gone or
+        damaged)."""
         snap = self._store.get(rank, step)
         if snap is None:
-            return 0  # dropped meanwhile (a rollback)
+            return 0, "unsendable"  # dropped meanwhile (a rollback)
         if not snap.intact():
             # Damaged here since its hand-over: a copy would spread it. The step stays
             # uncommitted on this rank (an older commit is the restore point).
             with self._cv:
                 self.errors += 1
                 self.last_error = f"rank {rank}'s shard of step {step} is corrupt: not sent"
-            return 0
+            return 0, "unsendable"
         for node in set(self._links) - set(peers):  # no longer a peer
             self._links.pop(node)[1].close()
         through_ray, failed = {}, {}
@@ -306,7 +384,7 @@ class Replicator:
                 self.last_error = "; ".join(
                     f"step {step} to {node[:12]}: {why}" for node, why in sorted(failed.items())
                 )
-        return snap.nbytes * len(peers)
+        return snap.nbytes * (len(peers) - len(failed)), "failed" if failed else "sent"
 
     def _channel_error(self, message: str) -> None:
         with self._cv:

@@ -9,6 +9,10 @@ agent keeps them all (commits lag, a copy to a peer is slow), the oldest is move
 the ring into a slot file of the store's own (`on_full`), so the rank's next snapshot
 waits at most for that copy; with no room left for it, the node's shards move into the
 agent's memory and its ranks send them through Ray (the rings close).
+
+The hub also writes what the ranks wait on when copies must not lag (ckpt/ring.py, the
+replication words): the node's replication stride into every ring, and each rank's newest
+shard on every peer into that rank's rings, a new ring included.
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from stalwart.ckpt.ring import BELL, RingFile, RingReader, drain_bell, make_bell
+from stalwart.ckpt.ring import (
+    BELL,
+    NOT_REPLICATED,
+    RingFile,
+    RingReader,
+    drain_bell,
+    make_bell,
+)
 from stalwart.ckpt.snapshot import TensorMeta
 
 # Per ring: a node keeps each rank's newest three shards (the next commit is made of
@@ -52,6 +63,8 @@ class RingHub:
         self._poll_lock = threading.RLock()
         self._readers: dict[str, RingReader] = {}
         self._count = 0
+        self._stride = 0  # the replication words every ring gets (set_replication)
+        self._replicated: dict[int, int] = {}  # rank -> its packed word
         self.bell = str(self.root / BELL)
         self._bell_fd = make_bell(self.bell)
         self._stop = threading.Event()
@@ -72,8 +85,26 @@ class RingHub:
         ring = RingFile.create(path, self._slots, metas, payload_nbytes, 2 * skel_nbytes + 4096)
         self.close_rank(rank)
         with self._lock:
+            # Before the rank maps it: a new layout's ring goes on from the old one's copies.
+            ring.set_replication(self._stride, self._replicated.get(rank, NOT_REPLICATED))
             self._readers[str(path)] = RingReader(ring, rank)
         return str(path), self.bell
+
+    def set_replication(
+        self, stride: int | None = None, rank: int | None = None, word: int | None = None
+    ) -> None:
+        """The replication stride the ranks wait on (0: none), for every ring; and/or
+        `rank`'s newest shard on every peer (a ckpt/ring.py `pack_replicated` word)."""
+        with self._lock:
+            if stride is not None:
+                self._stride = stride
+            if rank is not None and word is not None:
+                self._replicated[rank] = word
+            for reader in self._readers.values():
+                if stride is not None:
+                    reader.ring.set_replication(stride=stride)
+                if rank is not None and word is not None and reader.rank == rank:
+                    reader.ring.set_replication(replicated=word)
 
     def close_rank(self, rank: int | None = None) -> None:
         """Close `rank`'s rings (None: every ring): their writers must open new ones. A

@@ -232,6 +232,12 @@ DEFINITIONS: tuple[MetricDef, ...] = (
         "stalwart_replication_sent_bytes_total", "counter", "bytes of shards sent to peers' memory"
     ),
     MetricDef(
+        "stalwart_replication_wait_seconds_total",
+        "counter",
+        "seconds training waited at step boundaries for its checkpoint copies to reach peer "
+        "nodes (checkpoint.max_lag_steps): the job's, the longest wait of its ranks",
+    ),
+    MetricDef(
         "stalwart_persist_failures_total", "counter", "durable checkpoint writes that failed"
     ),
     MetricDef(

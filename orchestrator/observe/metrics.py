@@ -116,6 +116,7 @@ class JobMetrics:
         self._committed: int | None = None
         self._gpus: set[tuple[str, int]] = set()  # (node, GPU) read so far
         self.goodput: float | None = None  # productive / wall seconds, as of the last refresh
+        self.copy_wait_s = 0.0  # stalwart_replication_wait_seconds_total, as of the last refresh
         self.set_state("PENDING")
 
     def _(self, name: str, *labels: Any) -> Any:
@@ -297,6 +298,14 @@ class JobMetrics:
                         newest = step
                 self._seen_steps[rank] = newest
             self._("stalwart_step_duration_seconds").observe_many(cycles)
+            # The ranks wait for their copies together (the next collective joins them): the
+            # job waited as long as its longest-waiting rank.
+            waited = [
+                self._growth("copy_wait", (rank, b.get("pid")), b.get("copy_wait_seconds") or 0.0)
+                for rank, b in beats.items()
+            ]
+            self._("stalwart_replication_wait_seconds_total").inc(max(waited, default=0.0))
+            self.copy_wait_s += max(waited, default=0.0)
             for name, values in means.items():
                 self._("stalwart_train_metric", name).set(sum(values) / len(values))
             if snapshot_bytes:
@@ -365,13 +374,17 @@ class JobMetrics:
             self._("stalwart_checkpoint_duration_seconds", tier).observe_n(mean, new)
 
     def _count(self, name: str, cumulative: float, source: Any = None) -> None:
-        """Advance a counter by what `source`'s cumulative value grew; a value that went
-        down (a new process or agent counting from 0 again) counts from 0."""
-        before = self._last.get((name, source), 0.0)
-        grown = cumulative - before if cumulative >= before else cumulative
+        """Advance a counter by what `source`'s cumulative value grew (`_growth`)."""
+        grown = self._growth(name, source, cumulative)
         if grown > 0:
             self._(name).inc(grown)
+
+    def _growth(self, name: str, source: Any, cumulative: float) -> float:
+        """How much `source`'s cumulative value grew since the last call; a value that went
+        down (a new process or agent counting from 0 again) counts from 0."""
+        before = self._last.get((name, source), 0.0)
         self._last[(name, source)] = cumulative
+        return cumulative - before if cumulative >= before else cumulative
 
     def _count_up(self, name: str, value: float) -> None:
         """Advance a counter to `value` if it is higher than what was counted so far."""

@@ -246,6 +246,12 @@ def print_summary(console: Console, result: dict[str, Any]) -> None:
             "replicas",
             f"{rep['copies']} in memory on distinct nodes (asked {rep['replicas']}), "
             f"{rep['sent_bytes'] / 1e6:.1f} MB sent to peers"
+            + (
+                f", commit <= {rep['max_lag_steps']} steps behind"
+                if rep.get("max_lag_steps") is not None and rep["copies"] > 1
+                else ""
+            )
+            + (f", training waited {rep['wait_s']:.1f} s for them" if rep.get("wait_s") else "")
             + (f", {rep['errors']} send errors" if rep.get("errors") else ""),
         )
     ps = result.get("persist")

@@ -290,7 +290,7 @@ class JobSupervisor:
             cordoned=self.pool.cordon_log,
             lost_nodes=sorted(self.pool.lost_nodes),
             stragglers=self.detect.flags,
-            replication=ckpt.replication_summary(),
+            replication=ckpt.replication_summary(self.metrics.copy_wait_s),
             persist=ckpt.persister.summary() if ckpt.persister else None,
             resumed_from=ckpt.resumed_from,
             supervisor_restarts=self.supervisor_restarts,
@@ -450,6 +450,7 @@ class JobSupervisor:
         )
         self.detect.start_generation(time.time())
         self.ledger.new_generation()
+        self.ckpt.plan.sync()  # the agents know their peers and the bound before step one
         self.gen.start(restore_step, *self.ckpt.restore_from(restore_step, durable), faults)
 
     def _finish(self) -> None:
@@ -537,7 +538,6 @@ class JobSupervisor:
                 if b.get("generation") == gen and r in pool.workers
             }
             redone = sum(f["steps_redone"] or 0 for f in self.ledger.failures)
-        steady = self.ckpt.plan.steady_rate
         self.metrics.refresh(
             progress,
             beats,
@@ -546,8 +546,9 @@ class JobSupervisor:
             self.recovery.budget().restarts_left,
             redone,
             dict(self.ckpt.replication),
-            1 / steady if steady else None,
+            1 / self.ckpt.plan.steady_rate if self.ckpt.plan.steady_rate else None,
         )
+        self.ckpt.plan.note_waits(self.metrics.copy_wait_s, now)
         self._metrics_cost = time.perf_counter() - started
 
 

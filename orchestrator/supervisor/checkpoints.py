@@ -466,7 +466,8 @@ class Checkpoints:
         self.plan.send(newest)
         return newest
 
-    def replication_summary(self) -> dict[str, Any]:
+    def replication_summary(self, wait_s: float) -> dict[str, Any]:
+        """The peer tier for result.json; `wait_s`: training held for copies, in all."""
         agents = self.pool.agents
         held = {
             node: sum(map(len, self.stored.get(node, {}).values()))
@@ -474,4 +475,5 @@ class Checkpoints:
             for node in self.plan.nodes
             if node in agents
         }
-        return self.plan.summary(list(self.replication.values()), held)
+        summary = self.plan.summary(list(self.replication.values()), held)
+        return {**summary, "wait_s": round(wait_s, 2)}

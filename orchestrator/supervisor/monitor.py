@@ -27,6 +27,7 @@ class _Rank:
     step_changed_at: float = 0.0
     beat_at: float = 0.0
     collective_since: float | None = None
+    copies_since: float | None = None
     gpu_index: int | None = None
 
 
@@ -108,6 +109,7 @@ class HealthMonitor:
             r.step, r.step_changed_at = beat["step"], beat["received_at"]
         r.beat_at = beat["received_at"]
         r.collective_since = beat.get("collective_since")
+        r.copies_since = beat.get("copies_since")
         r.gpu_index = beat.get("gpu_index")
         h, w = self.history[rank], self.wall[rank]
         recent = beat.get("recent", ())
@@ -125,7 +127,15 @@ class HealthMonitor:
 
     def rank_views(self) -> list[RankView]:
         return [
-            RankView(rank, r.node, r.step, r.step_changed_at, r.beat_at, r.collective_since)
+            RankView(
+                rank,
+                r.node,
+                r.step,
+                r.step_changed_at,
+                r.beat_at,
+                r.collective_since,
+                r.copies_since,
+            )
             for rank, r in self.ranks.items()
         ]
 

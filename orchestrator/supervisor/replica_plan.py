@@ -1,10 +1,14 @@
 """The peer tier seen from the supervisor: which nodes copy which (ckpt/replicas.py), how far
 apart the copies are (the stride), and getting a stalled commit going again.
 
-Agents send each new shard to their peers by themselves (agent/replication.py). When that
-falls behind and each rank's copies are of a different step, nothing commits: the plan then
-names the newest step every rank holds in its own node's memory, which every agent sends
-next, and says so in an event when the commit stays behind for long.
+Agents send each new shard to their peers by themselves (agent/replication.py). With
+checkpoint.max_lag_steps (the default) the stride is fixed by the bound (ckpt/replicas.py
+`bounded_stride`), every shard on its grid is sent and the ranks wait for their copies
+(worker/copy_wait.py): the commit cannot fall further behind. Without a bound the stride
+follows the measured cost of a round of copies, and when the sending falls behind and each
+rank's copies are of a different step, nothing commits: the plan then names the newest step
+every rank holds in its own node's memory, which every agent sends next, and says so in an
+event when the commit stays behind for long.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from stalwart.ckpt.commit import with_copies
-from stalwart.ckpt.replicas import choose_stride
+from stalwart.ckpt.replicas import bounded_stride, choose_stride
 from stalwart.ckpt.replicas import effective as effective_copies
 from stalwart.ckpt.replicas import groups as replica_groups
 from stalwart.ckpt.replicas import peers as replica_peers
@@ -24,6 +28,8 @@ from stalwart.orchestrator.supervisor.pool import WorkerPool
 REPLICATE_PER_S = 4.0  # copies to peers at most this often (thinned to a grid of steps)
 REPLICATION_ALIGN_S = 1.0  # no commit for this long: name the step every agent sends
 REPLICATION_STALL_S = 30.0  # no commit for this long: an event says so (again every 30 s)
+WAIT_EVENT_S = 1.0  # training held this long for copies since the last event: a new one
+WAIT_EVENT_EVERY_S = 30.0  # at most this often
 
 
 class ReplicaPlan:
@@ -44,7 +50,13 @@ class ReplicaPlan:
         # placement keeps nodes holding the same shard (HSDP's replicas) in other groups.
         self.holds: dict[str, frozenset[str]] = {}
         self._planned_holds: dict[str, frozenset[str]] = {}
-        self.stride = spec.every_steps  # steps apart of the copies sent
+        # steps apart of the copies sent; with a bound, fixed by it (and all of them sent)
+        self.bounded = spec.max_lag_steps is not None
+        self.stride = (
+            bounded_stride(spec.every_steps, spec.max_lag_steps)
+            if spec.max_lag_steps is not None
+            else spec.every_steps
+        )
         self.steady_rate: float | None = None  # steps/s, median of the last 10 steps
         self.replicating: tuple[int, float] | None = None  # (step asked for, when)
         self._send_mark: dict[str, tuple[float, int]] = {}  # node -> (send seconds, rounds)
@@ -52,6 +64,7 @@ class ReplicaPlan:
         self._commit_seen: tuple[int | None, float] = (None, clock())  # (step, since)
         self.required: int | None = None  # a step asked to commit (chaos after_commit)
         self._stall_reported = 0.0
+        self._waits_reported = (0.0, float("-inf"))  # (seconds waited, when) at the last event
 
     def sync(self) -> None:
         """Tell every agent its replica-group peers when the set of live nodes changed."""
@@ -65,7 +78,7 @@ class ReplicaPlan:
         plan = replica_peers(nodes, wanted, holds)
         self.copies = max(1, effective_copies(nodes, wanted))
         for node, others in plan.items():
-            pool.agents[node].set_stride.remote(self.stride)
+            pool.agents[node].set_stride.remote(self.stride, self.bounded)
             pool.agents[node].set_peers.remote({n: pool.agents[n] for n in others})
         self.replicating = None  # a step asked of the old groups may never complete
         self._emit(
@@ -172,8 +185,11 @@ class ReplicaPlan:
         """The steady step rate is `steps_per_s`: thin the copies to peers (choose_stride) to
         at most REPLICATE_PER_S rounds a second, and each node's sender busy at most
         checkpoint.replication_duty of the time, by the cost of a round measured since the
-        last call (the slowest node's). A lost node then redoes up to the stride's steps."""
+        last call (the slowest node's). A lost node then redoes up to the stride's steps.
+        With checkpoint.max_lag_steps the stride is the bound's: nothing to choose."""
         self.steady_rate = steps_per_s
+        if self.bounded:
+            return
         round_s = None
         for node, rep in statuses.items():
             seconds, rounds = rep.get("seconds", 0.0), rep.get("rounds", 0)
@@ -200,15 +216,34 @@ class ReplicaPlan:
             return
         self.stride = stride
         for node in self.nodes:
-            self.pool.agents[node].set_stride.remote(self.stride)
+            self.pool.agents[node].set_stride.remote(self.stride, self.bounded)
         self._emit(
             "replication_stride", stride=stride, reason=f"copies of every {stride} steps: {why}"
+        )
+
+    def note_waits(self, waited_s: float, now: float) -> None:
+        """Training has waited `waited_s` in all for its copies to reach peers (the bound,
+        checkpoint.max_lag_steps): an event when that grew by WAIT_EVENT_S since the last
+        one, at most every WAIT_EVENT_EVERY_S."""
+        before, at = self._waits_reported
+        if waited_s - before < WAIT_EVENT_S or now - at < WAIT_EVENT_EVERY_S:
+            return
+        self._waits_reported = (waited_s, now)
+        self._emit(
+            "replication_wait",
+            seconds=round(waited_s - before, 2),
+            total_seconds=round(waited_s, 2),
+            reason=f"training waited {waited_s - before:.1f} s for its checkpoint copies to "
+            f"reach peer nodes (checkpoint.max_lag_steps={self.spec.max_lag_steps}: the "
+            "copies are slower than the steps; StalwartCopiesHoldTraining in "
+            "docs/operations.md)",
         )
 
     def summary(self, statuses: list[Mapping[str, Any]], shards_held: dict[str, int]):
         return {
             "replicas": self.spec.replicas,
             "copies": self.copies,
+            "max_lag_steps": self.spec.max_lag_steps,
             "groups": replica_groups(self.nodes, self.spec.replicas),
             "sent_bytes": sum(s.get("sent_bytes", 0) for s in statuses),
             "seconds": round(sum(s.get("seconds", 0.0) for s in statuses), 3),

@@ -33,7 +33,7 @@ from stalwart.health.observations import FailureKind
 from stalwart.orchestrator.agent.channel import ChannelError, fetch_from_agent
 from stalwart.orchestrator.chaos import actions as chaos
 from stalwart.orchestrator.spec import JobSpec
-from stalwart.orchestrator.worker import mesh, torchrun
+from stalwart.orchestrator.worker import heartbeat, mesh, torchrun
 from stalwart.orchestrator.worker import probes as preflight
 from stalwart.orchestrator.worker.collective import (
     ElasticGroup,
@@ -42,6 +42,7 @@ from stalwart.orchestrator.worker.collective import (
     solo_group,
 )
 from stalwart.orchestrator.worker.context import LossNotFinite, RestoreFailed, TrainContext
+from stalwart.orchestrator.worker.copy_wait import CopyWait
 from stalwart.orchestrator.worker.entrypoint import load_entrypoint
 from stalwart.orchestrator.worker.output import OutputCapture
 from stalwart.orchestrator.worker.reshard_source import reshard_source
@@ -201,6 +202,9 @@ class TrainWorker:
                 loss_guard=self.spec["health"]["loss_guard"]["enabled"],
                 init_from=self.spec["checkpoint"].get("init_from"),
                 open_reader=dcp_reader,
+                copy_wait=CopyWait(
+                    self.spec["checkpoint"].get("max_lag_steps"), self.pipeline.copies, self._ask
+                ),
             )
         ctx = self.ctx
         ctx.begin_generation(
@@ -364,6 +368,11 @@ class TrainWorker:
         """A snapshot ring in this node's shared memory (None: there is no room)."""
         return ray.get(self.agent.open_ring.remote(self.rank, metas, payload_nbytes, skel_nbytes))
 
+    def _ask(self, generation: int, step: int, timeout_s: float):
+        """How far this rank's copies are, from its agent (no ring to read: CopyWait)."""
+        wait = self.agent.copies_reached.remote(self.rank, generation, step, timeout_s)
+        return ray.get(wait, timeout=timeout_s + 30)
+
     def _torn(self, step: int) -> dict[str, Any] | None:
         return self.ctx.snapshot_fault(step) if self.ctx is not None else None
 
@@ -505,41 +514,17 @@ class TrainWorker:
         }
 
     def _beat(self) -> dict[str, Any]:
-        p = self.ctx.progress if self.ctx else None
-        return {
-            "rank": self.rank,
-            "generation": self.generation,
-            "pid": os.getpid(),
-            "step": p.step if p else 0,
-            "metrics": dict(p.metrics) if p else {},
-            "samples": p.processed_samples if p else 0.0,
-            "tokens": p.processed_tokens if p else 0.0,
-            "compute_seconds": p.compute_seconds if p else 0.0,
-            "collective_seconds": p.collective_seconds if p else 0.0,
-            "recent": list(p.recent) if p else [],
-            "collective_since": self._collective_since(),
-            "rss_bytes": _rss_bytes(),
-            "gpu_index": self._gpu_for_probe() if self.ctx else self.gpu_index,
-            "sent_at": time.time(),
-            "timings": {
-                **self._timings,
-                **(
-                    {
-                        k: v
-                        for k, v in (
-                            ("setup_done", p.setup_done_at),
-                            ("fetched", p.fetched_at),
-                            ("restored", p.restored_at),
-                        )
-                        if v is not None
-                    }
-                    if p and p.restored_at
-                    else {}
-                ),
-                **({"first_step_done": p.first_step_done_at} if p and p.first_step_done_at else {}),
-            },
-            "snapshot": vars(self.pipeline.stats).copy(),
-        }
+        ctx = self.ctx
+        return heartbeat.beat(
+            self.rank,
+            self.generation,
+            ctx.progress if ctx else None,
+            self._collective_since(),
+            ctx.copy_wait if ctx else None,
+            self._gpu_for_probe() if ctx else self.gpu_index,
+            self._timings,
+            vars(self.pipeline.stats).copy(),
+        )
 
     def _collective_since(self) -> float | None:
         since = self.group.pending_since()
@@ -566,14 +551,6 @@ def _output_dir(spec: dict[str, Any]) -> str | None:
         return spec["output_dir"]
     uri = spec["checkpoint"]["persist"].get("uri")
     return f"{uri.rstrip('/')}/{spec['name']}/output" if uri else None
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return 0
 
 
 def _process_started() -> float:

@@ -36,6 +36,7 @@ from stalwart.ckpt.sharded import rank_local_view
 from stalwart.ckpt.skeleton import UnsafeState, format_path
 from stalwart.ckpt.snapshot import Snapshot, nested_digest, state_digest
 from stalwart.orchestrator.worker.collective import ElasticGroup, GroupAborted, make_ddp, solo_group
+from stalwart.orchestrator.worker.copy_wait import CopyWait
 from stalwart.orchestrator.worker.divergence import DivergenceGuard, named_parameters
 from stalwart.orchestrator.worker.exactness import unregistered
 from stalwart.orchestrator.worker.restore import ReshardSource, init_from, restore_objects
@@ -174,6 +175,7 @@ class TrainContext:
         loss_guard: bool = True,
         init_from: str | None = None,
         open_reader: Callable[[str], tuple[Any, str]] | None = None,
+        copy_wait: CopyWait | None = None,
     ):
         self.rank = rank
         self.world_size = world_size
@@ -209,6 +211,8 @@ class TrainContext:
         self._init_from = init_from  # checkpoint.init_from: a DCP checkpoint to start from
         self._open_reader = open_reader
         self._resharded: ReshardSource = lambda: None
+        # checkpoint.max_lag_steps: waits after a snapshot while the copies lag too far
+        self.copy_wait = copy_wait
 
     def phase_faults(self, phase: str) -> None:
         """Carry out this generation's faults that fire `during` `phase` of a recovery
@@ -412,6 +416,10 @@ class TrainContext:
                 p.first_step_done_at = time.time()
             if (step + 1) % self._every == 0 or step + 1 == self.total_steps:
                 self._snapshot(step + 1)
+                if self.copy_wait is not None and step + 1 < self.total_steps:
+                    self.copy_wait.after_snapshot(
+                        step + 1, self.generation, start, lambda: self._interrupt is not None
+                    )
 
     # --- internals ----------------------------------------------------------------------------
 

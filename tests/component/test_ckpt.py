@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import yaml
 
 from stalwart.ckpt.durable import DurableStore
 from stalwart.ckpt.snapshot import restore
+from stalwart.orchestrator.spec import validate
 from tests.component.conftest import REPO, events_of, small_spec, stalwart_cli
 from tests.component.multinode import WORKER_NODE_CPUS
 
@@ -52,6 +54,40 @@ def test_commit_waits_for_the_copies_and_memory_stays_bounded(mrun):
     # committed (the lag). Bounded, far from the 80 steps x 4 ranks kept without trimming.
     held = result["replication"]["shards_held"]
     assert held and all(n <= 4 * 10 for n in held.values()), held
+
+
+def test_nodes_lost_at_random_steps_of_a_fast_loop_cost_at_most_the_lag_bound(
+    multinode, mrun, mbaseline
+):
+    """checkpoint.max_lag_steps (2, the default): the commit never trails the newest
+    snapshot by more than 2 steps, so a node lost at any moment costs at most 3 steps. Five
+    nodes killed at random steps of one job (a spare node for each), a loop of tens
+    of steps a second; each loss redoes <= 3 steps and the job ends with the failure-free
+    model. Before the bound, the copies of such a loop lagged by seconds: a loss sent it
+    back dozens of steps, or to step 0."""
+    seed = int(os.environ.get("STALWART_TEST_SEED") or time.time_ns() % 10**6)
+    rng = random.Random(seed)
+    at = [20 + 55 * i + rng.randrange(35) for i in range(5)]
+    faults = [{"kind": "kill_node", "rank": rng.randrange(4), "at_step": s} for s in at]
+    spec = small_spec(steps=300, failure__max_restarts=8, chaos__faults=faults)
+    assert validate(spec).checkpoint.max_lag_steps == 2  # the default
+    # A node's place for each loss, from the start (Ray's test cluster adds nodes from the
+    # main thread only, which runs the job).
+    multinode.ensure_worker_nodes(3 + len(faults))
+    try:
+        result = mrun(spec)
+    finally:
+        multinode.ensure_worker_nodes(3, exactly=True)
+    why = f"seed {seed} (STALWART_TEST_SEED), faults {faults}"
+    assert result["status"] == "succeeded", (result["error"], why)
+    assert len(events_of(result, "node_lost")) == 5, (result["failures"], why)
+    for f in result["failures"]:  # one per rank lost
+        assert f["kind"] == "node_lost", (f, why)
+        assert f["steps_redone"] is not None and f["steps_redone"] <= 3, (f, why)
+    assert result["replication"]["wait_s"] is not None
+    multinode.ensure_worker_nodes(3)
+    clean = mbaseline(spec)
+    assert result["model_digest"] == clean["model_digest"], why
 
 
 def _two_nodes_spec(**changes):

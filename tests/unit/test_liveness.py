@@ -232,3 +232,19 @@ def test_timeouts_are_parameters():
 def test_hang_is_frozen():
     with pytest.raises(AttributeError):
         Hang((0,), (), 1.0).culprits = (1,)
+
+
+def test_a_rank_waiting_for_its_copies_is_waiting_not_a_culprit():
+    """checkpoint.max_lag_steps: a rank held at a step boundary until its checkpoint copies
+    reach the peers is not hung (the links are the cause); all of them so: replication is
+    stuck, and said so."""
+    copying = RankView(2, "node-a", 10, NOW - 400, NOW - 0.5, copies_since=NOW - 399)
+    hang, why = hung_ranks(
+        [rank(0, frozen_s=400), rank(1, 400, in_collective=True), copying], NOW, HANG, BEAT
+    )
+    assert hang is not None and hang.culprits == (0,) and hang.waiting == (1, 2), why
+    all_copying = [
+        RankView(r, "node-a", 10, NOW - 400, NOW - 0.5, copies_since=NOW - 399) for r in range(3)
+    ]
+    hang, why = hung_ranks(all_copying, NOW, HANG, BEAT)
+    assert hang is not None and hang.culprits == () and "replication is stuck" in why

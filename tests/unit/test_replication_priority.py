@@ -82,3 +82,81 @@ def test_shards_waiting_too_long_go_urgent():
         assert store.asked[1][:2] == (1, "stalwart-replicate-urgent")
     finally:
         rep.close()
+
+
+class _Recording(Replicator):
+    """Sends nothing: records each (rank, step) it would send; the first waits for `gate`."""
+
+    def __init__(self, **kw):
+        self.gate = threading.Event()
+        self.sent: list[tuple[int, int]] = []
+        self.replicated: list[tuple[int, int, int | None]] = []
+        super().__init__(_Store(), on_replicated=lambda *a: self.replicated.append(a), **kw)
+
+    def _send(self, rank, step, peers):
+        if not self.sent:
+            self.gate.wait(10)
+        self.sent.append((rank, step))
+        return 1, "sent"
+
+
+def test_with_a_bounded_lag_every_shard_on_the_grid_is_sent_in_order_and_reported():
+    """checkpoint.max_lag_steps: nothing skipped (the ranks' copies never end up on
+    different steps), oldest first, each reported with the generation that wrote it."""
+    rep = _Recording(urgent_strides=100, urgent_after_s=60)
+    try:
+        rep.set_stride(2, bounded=True)
+        rep.set_peers({"peer": object()})
+        rep.offer(0, 0, 1)
+        _until(lambda: rep.status()["queued"] == 0)  # taken: its send waits at the gate
+        for step in range(1, 7):
+            for rank in (1, 0):
+                rep.offer(rank, step, 1)
+        assert rep.pinned() >= {2, 4, 6}  # queued shards stay in the store
+        rep.gate.set()
+        _until(lambda: len(rep.replicated) == 7)
+        assert rep.sent == [(0, 0), (0, 2), (1, 2), (0, 4), (1, 4), (0, 6), (1, 6)]
+        assert rep.replicated == [(r, s, 1) for r, s in rep.sent]
+    finally:
+        rep.close()
+
+
+def test_without_a_bound_a_sender_behind_skips_to_each_ranks_newest():
+    rep = _Recording(urgent_strides=100, urgent_after_s=60)
+    try:
+        rep.set_peers({"peer": object()})
+        rep.offer(0, 0, 1)
+        _until(lambda: rep.status()["queued"] == 0)
+        for step in range(1, 5):
+            rep.offer(0, step, 1)
+        rep.gate.set()
+        _until(lambda: len(rep.replicated) == 2)
+        assert rep.sent == [(0, 0), (0, 4)]
+    finally:
+        rep.close()
+
+
+def test_with_a_bounded_lag_a_failed_copy_is_sent_again_and_a_damaged_one_passed():
+    """A rank waits for its copy: one a peer failed is sent again (after a back-off) rather
+    than left behind, and one that cannot be sent (damaged) is reported as passed, so that
+    its rank is not held forever."""
+
+    class Flaky(_Recording):
+        outcomes = {(0, 2): ["failed", "sent"], (0, 4): ["unsendable"]}
+
+        def _send(self, rank, step, peers):
+            self.sent.append((rank, step))
+            todo = self.outcomes.get((rank, step), [])
+            return 1, todo.pop(0) if todo else "sent"
+
+    rep = Flaky(urgent_strides=100, urgent_after_s=60)
+    try:
+        rep.set_stride(2, bounded=True)
+        rep.set_peers({"peer": object()})
+        for step in (2, 4, 6):
+            rep.offer(0, step, 3)
+        _until(lambda: len(rep.replicated) == 3)
+        assert rep.sent == [(0, 2), (0, 2), (0, 4), (0, 6)]
+        assert rep.replicated == [(0, 2, 3), (0, 4, 3), (0, 6, 3)]
+    finally:
+        rep.close()

@@ -58,3 +58,47 @@ def test_no_rate_measured_keeps_the_stride():
     # between 20 and 1 when a 1 s window of 1 s steps saw none).
     stride, why = choose_stride(0.0, every=1, current=20, max_per_s=4, duty=0.1, round_s=3.0)
     assert (stride, why) == (20, "no step rate measured")
+
+
+# --- a bounded lag (checkpoint.max_lag_steps) ----------------------------------------------------
+
+
+def test_a_bounded_lag_sends_copies_as_far_apart_as_the_bound_allows():
+    from stalwart.ckpt.replicas import bounded_stride
+
+    assert bounded_stride(every=1, max_lag=2) == 2
+    assert bounded_stride(every=1, max_lag=0) == 1  # every step, before the next one
+    assert bounded_stride(every=2, max_lag=5) == 4  # on the snapshots' grid
+    assert bounded_stride(every=5, max_lag=2) == 5  # snapshots rarer than the bound
+    with pytest.raises(ValueError):
+        bounded_stride(every=1, max_lag=-1)
+
+
+@pytest.mark.parametrize("max_lag", [0, 1, 2, 3, 7])
+@pytest.mark.parametrize("every", [1, 2, 3])
+def test_the_gate_keeps_the_commit_within_the_bound_at_every_snapshot(max_lag, every):
+    """After snapshot s, training goes on only once the step lag_gate names has its copies:
+    a step on the stride's grid within max_lag of s (or the restore point, committed), so a
+    node lost during the next step redoes <= max_lag + 1. Each copy has the steps between
+    its snapshot and the one that needs it to get there."""
+    from stalwart.ckpt.replicas import bounded_stride, lag_gate
+
+    stride = bounded_stride(every, max_lag)
+    for start in (0, 6, 12):
+        for s in range(start, start + 40, every):  # snapshots: every `every` steps
+            need = lag_gate(s, max_lag, stride, start)
+            if need is None:
+                assert s - start <= max_lag, (s, start)
+                continue
+            assert need % stride == 0 and start < need <= s, (s, need)
+            assert s - need <= max_lag, (s, need)
+            if need < s:
+                assert s - need >= max_lag - stride + 1  # its time to reach the peers
+
+
+def test_the_gate_names_nothing_before_the_generations_start():
+    from stalwart.ckpt.replicas import lag_gate
+
+    assert lag_gate(12, 2, 2, start=10) is None  # the restore point (10) is committed
+    assert lag_gate(13, 2, 2, start=10) == 12
+    assert lag_gate(5, 0, 1, start=0) == 5  # synchronous: this very step

@@ -1,0 +1,71 @@
+"""What a rank's heartbeat says (sent to its node agent, which relays it to the supervisor
+with the node's report): its step, recent step times, what it waits on (a collective, its
+checkpoint copies), memory, GPU and the timings of its generation's phases."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from stalwart.orchestrator.worker.context import Progress
+from stalwart.orchestrator.worker.copy_wait import CopyWait
+
+
+def beat(
+    rank: int,
+    generation: int,
+    progress: Progress | None,
+    collective_since: float | None,
+    copy_wait: CopyWait | None,
+    gpu_index: int | None,
+    timings: dict[str, float],
+    snapshot_stats: dict[str, Any],
+) -> dict[str, Any]:
+    p = progress
+    return {
+        "rank": rank,
+        "generation": generation,
+        "pid": os.getpid(),
+        "step": p.step if p else 0,
+        "metrics": dict(p.metrics) if p else {},
+        "samples": p.processed_samples if p else 0.0,
+        "tokens": p.processed_tokens if p else 0.0,
+        "compute_seconds": p.compute_seconds if p else 0.0,
+        "collective_seconds": p.collective_seconds if p else 0.0,
+        "recent": list(p.recent) if p else [],
+        "collective_since": collective_since,
+        # checkpoint.max_lag_steps: waiting for its copies since (wall clock), and in all
+        "copies_since": copy_wait.since if copy_wait else None,
+        "copy_wait_seconds": copy_wait.seconds if copy_wait else 0.0,
+        "rss_bytes": _rss_bytes(),
+        "gpu_index": gpu_index,
+        "sent_at": time.time(),
+        "timings": {**timings, **_phases(p)},
+        "snapshot": snapshot_stats,
+    }
+
+
+def _phases(p: Progress | None) -> dict[str, float]:
+    if p is None:
+        return {}
+    out: dict[str, float] = {}
+    if p.restored_at:
+        for k, v in (
+            ("setup_done", p.setup_done_at),
+            ("fetched", p.fetched_at),
+            ("restored", p.restored_at),
+        ):
+            if v is not None:
+                out[k] = v
+    if p.first_step_done_at:
+        out["first_step_done"] = p.first_step_done_at
+    return out
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
