@@ -204,10 +204,9 @@ class JobSupervisor:
         return {"fault": fault}
 
     def await_commit(self, at_step: int, timeout_s: float, durable: bool = False) -> int | None:
-        """Chaos after_commit: return once the newest snapshot at or before `at_step` is
-        committed (asking the agents to copy it first), or at the deadline; the committed
-        step then. `durable` (after_persist): once persisted (Checkpoints.restore_point).
-        Called by the worker about to carry out the fault."""
+        """Chaos after_commit (after_persist: `durable`): return once the step that
+        Checkpoints.restore_point names is committed, the agents asked to copy it first
+        (persisted), or at the deadline; that step then. Called by the fault's worker."""
         self.ckpt.plan.require(self.ckpt.restore_point(at_step, False)[0])
         wanted, point = self.ckpt.restore_point(at_step, durable)
         deadline = time.monotonic() + timeout_s
