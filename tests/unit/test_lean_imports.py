@@ -27,10 +27,7 @@ def test_the_control_plane_imports_without_torch(module):
         "flat_bytes(numpy.arange(20, dtype=numpy.uint8))\n"
         "print('torch' in sys.modules)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=100, check=True
-    )
-    assert out.stdout.strip() == "False", f"{module} imports torch"
+    assert _python(code).stdout.strip() == "False", f"{module} imports torch"
 
 
 def test_the_worker_actor_forwards_every_public_method():
@@ -82,7 +79,12 @@ def test_a_node_agent_of_a_persisting_job_imports_torch_at_its_start(tmp_path):
         "    time.sleep(0.05)\n"
         "print(hasattr(sys.modules.get('torch'), 'save'))"
     )
-    out = subprocess.run(
+    out = _python(code)
+    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    """`code` run by a fresh interpreter (nothing imported yet)."""
+    return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=110, check=True
     )
-    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
