@@ -44,6 +44,9 @@ class FaultBook:
         self.node_scope = node_scope
         self._lock = threading.Lock()  # record() is called from the actor's other threads
         self.records: list[dict[str, Any]] = []  # carried out, not yet matched to a failure
+        # Node faults matched already, whose node may still surface failures (its ranks do
+        # not all die at the same instant) until the recovery they caused is over.
+        self.spent: list[dict[str, Any]] = []
         self.fired: set[int] = set()
         self.live: set[int] = set()  # injected into the running job: fire at or after
 
@@ -274,20 +277,32 @@ class FaultBook:
 
     def explaining(self, f: WorkerFailure) -> dict[str, Any] | None:
         """The recorded fault that caused failure `f`: one on its rank, or a node fault on
-        its node."""
-        for rec in self.records:
-            if rec["rank"] == f.rank or (
-                rec["kind"] in NODE_FAULTS and rec.get("node_id") == f.node
-            ):
-                return rec
-        return None
+        its node (one that explained an earlier failure too, while its recovery is open: a
+        node's second rank may be seen dead after the decision on its first)."""
+        with self._lock:
+            for rec in self.records:
+                if rec["rank"] == f.rank or _on_node(rec, f):
+                    return rec
+            return next((rec for rec in self.spent if _on_node(rec, f)), None)
 
     def consume(self, used: Iterable[dict[str, Any]]) -> None:
-        """Faults matched to failures: they explain no later failure."""
+        """Faults matched to failures: they explain no later failure (a node fault: none
+        after its recovery, `settle`)."""
         with self._lock:
             for fault in used:
                 if fault in self.records:
                     self.records.remove(fault)
+                    if fault["kind"] in NODE_FAULTS:
+                        self.spent.append(fault)
+
+    def settle(self) -> None:
+        """The recovery the matched faults caused is over."""
+        with self._lock:
+            self.spent.clear()
+
+
+def _on_node(rec: dict[str, Any], f: WorkerFailure) -> bool:
+    return rec["kind"] in NODE_FAULTS and rec.get("node_id") == f.node
 
 
 def describe(f: WorkerFailure, fault: dict[str, Any] | None) -> str | None:

@@ -174,6 +174,7 @@ class Ledger:
             restore=restored - entered,
             first_step=first - restored,
         )
+        self.faults.settle()
         for f in rec["failures"]:
             origin = f["failed_at"] or f["detected_at"]
             f["recovered_after_s"] = round(first - origin, 4)

@@ -151,6 +151,39 @@ def test_a_recovery_interrupted_by_another_failure_closes_with_the_next(monkeypa
     assert rec["recovered_after_s"] == [f0["recovered_after_s"], f1["recovered_after_s"]]
 
 
+def test_a_node_faults_second_rank_seen_after_the_decision_is_explained_by_it():
+    """kill_node takes a node's ranks one by one: the second one's death can be seen after
+    the decision on the first (it joins that recovery) and is the same fault's, until the
+    recovery closes; a later failure there is not."""
+    book = _book({"kind": "kill_node", "rank": 0, "at_step": 30})
+    ledger = Ledger(JobMetrics("j"), book, lambda etype, **kw: None)
+    book.record(
+        {"index": 0, "rank": 0, "kind": "kill_node", "step": 30, "node_id": "n1", "at": 100.0}
+    )
+    (first,) = ledger.record_failures([_failure(1, 100.1, 29)], 30, 100.2, reached=31)
+    ledger.open(
+        2, [first], phases={}, decided_at=100.2, restore_step=30, replaced=[1], from_spares=[]
+    )
+    (second,) = ledger.record_failures([_failure(0, 100.4, 29)], 30, 100.5, reached=31)
+    assert first["fault_index"] == second["fault_index"] == 0
+    other = WorkerFailure(FailureKind.WORKER_DIED, 2, "n2", 100.6, step=29)
+    (third,) = ledger.record_failures([other], 30, 100.7, reached=31)
+    assert third["fault_index"] is None  # another node's failure is not the fault's
+    ledger.open(
+        2,
+        [second, third],
+        phases={},
+        decided_at=100.5,
+        restore_step=30,
+        replaced=[0, 2],
+        from_spares=[],
+    )
+    beats = [{"timings": {"started": 101.0, "first_step_done": 102.0}} for _ in range(4)]
+    ledger.close_recovery(2, beats, 4, {"memory": 4}, {})
+    (later,) = ledger.record_failures([_failure(1, 200.0, 90)], 90, 200.1, reached=91)
+    assert later["fault_index"] is None  # the recovery it caused is over
+
+
 def test_fatal_and_from_scratch_failures_count_their_steps():
     book = _book()
     ledger = Ledger(JobMetrics("j"), book, lambda etype, **kw: None)
