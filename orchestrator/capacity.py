@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from stalwart.ckpt.footprint import NodeNeed, free_bytes, judge
 from stalwart.orchestrator.spec import JobSpec
 
 PROCESSES_PER_CORE = 8  # an embedded Ray's ranks and spares, at most, per core of this machine
@@ -64,6 +65,13 @@ def this_machine(
             f"({PROCESS_MB} MB per process), this machine has {memory / 2**30:.1f} GiB; "
             f"{cluster}"
         )
+    state = spec.checkpoint.state_size_per_rank
+    if state is not None:
+        # Every rank and every copy on this one machine (ckpt/footprint.py).
+        need = NodeNeed(spec.max_workers, int(state), spec.checkpoint.replicas)
+        why = judge(need, memory, free_bytes(spec.checkpoint.shm_dir))
+        if why:
+            problems.append(f"the in-memory checkpoints do not fit this machine: {why}; {cluster}")
     r = spec.resources
     if num_cpus is not None and spec.max_workers * r.cpu > num_cpus:
         problems.append(

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, StrictInt, field_validator, model_validator
 
+from stalwart.ckpt.footprint import parse_quantity
 from stalwart.orchestrator.spec_faults import _Model
 
 MAX_STEPS = 10**12
@@ -115,9 +116,27 @@ class CheckpointSpec(_Model):
         "training goes on from its top-level `step` (0 without one). Read only, never "
         "written; a resume from the job's own checkpoints (checkpoint.persist) comes first",
     )
+    state_size_per_rank: StrictInt | str | None = Field(  # bytes, once validated
+        None,
+        description="one rank's state as a snapshot holds it (model, optimizer, RNG states), "
+        "a memory quantity (12Gi, 512Mi, bytes): with it, each node's free memory and "
+        "/dev/shm are checked before the workers start, against the versions of the state "
+        'its ranks and copies keep (docs/checkpoints.md, "Host memory"); a job that '
+        "would not fit is refused with the sum, as the Helm chart gives it",
+    )
     shm_dir: str = Field(
         "/dev/shm/stalwart",
         description="where each node keeps its in-memory checkpoints as shared-memory files "
         "(a memory-backed file system: /dev/shm, a Kubernetes emptyDir with medium Memory); "
         "when it is missing, too small or full, the node keeps them in its agent's memory",
     )
+
+    @field_validator("state_size_per_rank")
+    @classmethod
+    def _quantity(cls, v: int | str | None) -> int | None:
+        if v is None:
+            return None
+        nbytes = parse_quantity(v)
+        if nbytes <= 0:
+            raise ValueError("must be more than 0 bytes")
+        return nbytes

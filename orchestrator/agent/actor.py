@@ -20,6 +20,7 @@ import numpy as np
 
 from stalwart.ckpt.dcp_format import shard_signature
 from stalwart.ckpt.durable import DurableStore, open_store
+from stalwart.ckpt.footprint import NEWEST_KEPT, free_bytes, mem_available
 from stalwart.ckpt.ring import RingReader
 from stalwart.ckpt.snapshot import Snapshot, TensorMeta, payload_checksum
 from stalwart.ckpt.store import ShardInfo, ShmShardStore
@@ -128,6 +129,11 @@ class NodeAgent:
     def ping(self) -> str:
         self._contact = time.monotonic()
         return self.node_id
+
+    def memory(self, shm_dir: str) -> dict[str, int | None]:
+        """This node's room for checkpoints: its memory available and the free bytes where
+        its ranks' rings go (the supervisor's memory preflight)."""
+        return {"mem_available": mem_available(), "shm_free": free_bytes(shm_dir)}
 
     def open_ring(
         self, rank: int, metas: tuple[TensorMeta, ...], payload_nbytes: int, skel_nbytes: int
@@ -406,7 +412,7 @@ class NodeAgent:
         below: int | None = None,
         above: int | None = None,
         keep: list[int] | None = None,
-        newest: int = 3,
+        newest: int = NEWEST_KEPT,
         fresh_above: int | None = None,
         seq: tuple[int, int] | None = None,
         fence: int | None = None,

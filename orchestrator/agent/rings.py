@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from stalwart.ckpt.footprint import VERSIONS
 from stalwart.ckpt.ring import (
     BELL,
     NOT_REPLICATED,
@@ -36,9 +37,10 @@ from stalwart.ckpt.ring import (
 from stalwart.ckpt.snapshot import TensorMeta
 
 # Per ring: a node keeps each rank's newest three shards (the next commit is made of
-# them) and the two newest commits, which may be older; one more slot is being written.
-# A shard is moved out (a copy) only when all are kept, so never in steady state.
-SLOTS = 6
+# them) and the two newest commits, which may be older; one more slot is being written
+# (ckpt/footprint.py, which the memory preflight and the Helm chart count with). A shard is
+# moved out (a copy) only when all are kept, so never in steady state.
+SLOTS = VERSIONS
 POLL_S = 0.05
 
 log = logging.getLogger(__name__)

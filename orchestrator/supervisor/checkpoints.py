@@ -20,13 +20,13 @@ import ray
 from stalwart.ckpt import holdings
 from stalwart.ckpt.commit import CommitTracker
 from stalwart.ckpt.durable import CorruptCheckpoint, DurableError, Manifest
+from stalwart.ckpt.footprint import COMMITS_KEPT, NEWEST_KEPT
 from stalwart.orchestrator.spec import JobSpec
 from stalwart.orchestrator.supervisor.persist import Persister
 from stalwart.orchestrator.supervisor.pool import WorkerPool
 from stalwart.orchestrator.supervisor.replica_plan import ReplicaPlan
 from stalwart.orchestrator.supervisor.resources import SchedulingError
 
-NEWEST_KEPT = 3  # each rank's newest steps a node's own store keeps beyond the commits
 FINAL_PERSIST_TIMEOUT_S = 300.0  # a finished job waits this long for its last checkpoint
 
 
@@ -40,7 +40,7 @@ class Checkpoints:
         self.incarnation = incarnation
         self.pool = pool
         self._emit = emit
-        self.commit = CommitTracker(pool.world)
+        self.commit = CommitTracker(pool.world, COMMITS_KEPT)
         self.stored: dict[str, dict[int, list[int]]] = {}  # node -> its own store's steps
         self.replicas_held: dict[str, dict[int, list[int]]] = {}  # node -> copies it holds
         self.replication: dict[str, dict[str, Any]] = {}  # node -> its replicator's status
@@ -258,7 +258,7 @@ class Checkpoints:
         node drops what lies above it. Returns (step, manifest when from storage)."""
         world = self.pool.world
         if self.commit.world_size != world:
-            self.commit = CommitTracker(world)
+            self.commit = CommitTracker(world, COMMITS_KEPT)
         self.commit.reset(self.in_memory())
         durable = None
         if self.commit.committed is None:

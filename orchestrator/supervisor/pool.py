@@ -25,6 +25,7 @@ from ray.util.scheduling_strategies import (
 from stalwart.health.cordon import CordonList
 from stalwart.orchestrator.spec import JobSpec
 from stalwart.orchestrator.supervisor.agents import AGENT_PREFIX, start_agent
+from stalwart.orchestrator.supervisor.memory_check import check_memory
 from stalwart.orchestrator.supervisor.resources import (
     SchedulingError,
     check_capacity,
@@ -216,6 +217,7 @@ class WorkerPool:
         created = time.time()
         for node in sorted(self.slots.nodes()):
             self._time_span("agents", self.ensure_agent(node).ping.remote(), created)
+        check_memory(spec, {r: self.slots.node_of(r) for r in range(self.world)}, self.agents)
         for rank in range(self.world):
             self.bundle_of[rank] = rank
             self.workers[rank] = self.create_worker(rank, rank)

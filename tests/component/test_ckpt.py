@@ -69,7 +69,13 @@ def test_nodes_lost_at_random_steps_of_a_fast_loop_cost_at_most_the_lag_bound(
     rng = random.Random(seed)
     at = [20 + 55 * i + rng.randrange(35) for i in range(5)]
     faults = [{"kind": "kill_node", "rank": rng.randrange(4), "at_step": s} for s in at]
-    spec = small_spec(steps=300, failure__max_restarts=8, chaos__faults=faults)
+    spec = small_spec(
+        steps=300,
+        failure__max_restarts=8,
+        chaos__faults=faults,
+        # The memory preflight asks each node (the loop's state is ~0.1 MB): they fit.
+        checkpoint__state_size_per_rank="1Mi",
+    )
     assert validate(spec).checkpoint.max_lag_steps == 2  # the default
     # A node's place for each loss, from the start (Ray's test cluster adds nodes from the
     # main thread only, which runs the job).

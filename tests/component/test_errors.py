@@ -219,3 +219,16 @@ def test_entrypoint_missing_on_the_cluster_is_reported_by_the_workers(run):
     message = result["error"]["message"]
     assert "a worker failed to start" in message
     assert "cannot import no_such_pkg.train: ModuleNotFoundError" in message
+
+
+def test_checkpoints_that_do_not_fit_the_nodes_are_refused_before_the_workers_start(run):
+    """checkpoint.state_size_per_rank: the nodes' memory and /dev/shm are asked before any
+    worker starts (supervisor/memory_check.py), and the refusal gives the chart's sum."""
+    result = run(small_spec(checkpoint__state_size_per_rank="1Pi"))
+    assert result["status"] == "failed"
+    message = result["error"]["message"]
+    assert message.startswith("the in-memory checkpoints do not fit: node "), message
+    assert "x 1048576Gi (checkpoint.state_size_per_rank) x 6 versions" in message
+    assert "GiB of memory available" in message and "/dev/shm has" in message
+    types = {e["type"] for e in result["events"]}
+    assert "generation" not in types and "startup" not in types  # no worker was started

@@ -38,7 +38,8 @@ resources).
 {{/*
 stalwart.group.shm: the sizeLimit of the group's /dev/shm, or "" for none.
 - shm.sizeLimit when given;
-- with checkpointMemory.stateSizePerRank: the node's own shards (state x ranks x versions),
+- with job.checkpoint.state_size_per_rank (else checkpointMemory.stateSizePerRank): the
+  node's own shards (state x ranks x versions, as ckpt/footprint.py counts them),
   Ray's object store (rayStartParams object-store-memory, else Ray's default of 30% of the
   memory) and 1 GiB for NCCL and Ray's own files. The copies the node keeps of its peers'
   shards (checkpoint.replicas - 1 of them) are in its agent's memory: the render fails when
@@ -54,6 +55,11 @@ stalwart.group.shm: the sizeLimit of the group's /dev/shm, or "" for none.
 {{- $memBytes = int64 (include "stalwart.bytes" (list $memory (printf "%s.resources.memory" $where))) }}
 {{- end }}
 {{- $state := .root.Values.checkpointMemory.stateSizePerRank }}
+{{- $stateField := "checkpointMemory.stateSizePerRank" }}
+{{- with dig "checkpoint" "state_size_per_rank" nil (default (dict) .root.Values.job) }}
+{{- $state = . }}
+{{- $stateField = "job.checkpoint.state_size_per_rank" }}
+{{- end }}
 {{- if dig "shm" "sizeLimit" "" $g }}
 {{- $g.shm.sizeLimit }}
 {{- else if $state }}
@@ -61,7 +67,7 @@ stalwart.group.shm: the sizeLimit of the group's /dev/shm, or "" for none.
 {{- if lt $ranks 0 }}
 {{- fail (printf "%s: set ranksPerPod (the job's ranks ask for no CPU or GPU, so the chart cannot tell how many a pod holds, and checkpointMemory.stateSizePerRank needs it)" $where) }}
 {{- end }}
-{{- $stateBytes := int64 (include "stalwart.bytes" (list $state "checkpointMemory.stateSizePerRank")) }}
+{{- $stateBytes := int64 (include "stalwart.bytes" (list $state $stateField)) }}
 {{- $versions := int .root.Values.checkpointMemory.versions }}
 {{- $replicas := int (dig "checkpoint" "replicas" 2 (default (dict) .root.Values.job)) }}
 {{- $own := mul $stateBytes $ranks $versions }}
@@ -76,7 +82,7 @@ stalwart.group.shm: the sizeLimit of the group's /dev/shm, or "" for none.
 {{- $need := add $own $copies $store }}
 {{- if and $memBytes (gt $need $memBytes) }}
 {{- $gi := 1073741824.0 }}
-{{- fail (printf "%s: resources.memory %s is too small for the in-memory checkpoints: %d ranks x %s (checkpointMemory.stateSizePerRank) x %d versions = %.1f GiB of own shards, %.1f GiB of copies of peers' shards (checkpoint.replicas %d), %.1f GiB of Ray's object store: %.1f GiB; raise resources.memory, or lower checkpointMemory.versions or the ranks per pod" $where (include "stalwart.str" $memory) $ranks (include "stalwart.str" $state) $versions (divf $own $gi) (divf $copies $gi) $replicas (divf $store $gi) (divf $need $gi)) }}
+{{- fail (printf "%s: resources.memory %s is too small for the in-memory checkpoints: %d ranks x %s (%s) x %d versions = %.1f GiB of own shards, %.1f GiB of copies of peers' shards (checkpoint.replicas %d), %.1f GiB of Ray's object store: %.1f GiB; raise resources.memory, or lower checkpointMemory.versions or the ranks per pod" $where (include "stalwart.str" $memory) $ranks (include "stalwart.str" $state) $stateField $versions (divf $own $gi) (divf $copies $gi) $replicas (divf $store $gi) (divf $need $gi)) }}
 {{- end }}
 {{- $mi := 1048576 }}
 {{- printf "%dMi" (div (add $own $store 1073741824 (sub $mi 1)) $mi) }}

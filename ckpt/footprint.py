@@ -1,0 +1,134 @@
+"""The host memory the in-memory checkpoints of a job take on a node: one formula, used by the
+supervisor's memory preflight on the real nodes (orchestrator/supervisor/memory_check.py) and
+mirrored by the Helm chart's sizing of /dev/shm (helm/stalwart/templates/_groups.tpl; a test
+renders the chart and compares the two).
+
+Per rank, a node keeps versions of its state in its snapshot ring (/dev/shm): the two newest
+commits (a restore that finds one copy damaged falls back on the older), each rank's newest
+three shards (ranks store a step at slightly different times; the next commit is made of
+them) and the one being written. The commits are usually among the newest three; they are
+apart when commits lag, and the ring is sized for that. The copies of peers' shards (in the
+agents' memory, checkpoint.replicas - 1 of each shard) are kept on the same rule.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+
+COMMITS_KEPT = 2  # the newest commits every node keeps (ckpt/commit.py CommitTracker)
+NEWEST_KEPT = 3  # each rank's newest shards a node keeps beyond the commits
+IN_FLIGHT = 1  # the snapshot being written
+VERSIONS = COMMITS_KEPT + NEWEST_KEPT + IN_FLIGHT  # the slots of a rank's snapshot ring
+
+GIB = 1 << 30
+_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 1 << 10,
+    "Mi": 1 << 20,
+    "Gi": 1 << 30,
+    "Ti": 1 << 40,
+    "Pi": 1 << 50,
+    "Ei": 1 << 60,
+}
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E)?$")
+
+
+def parse_quantity(value: int | float | str, where: str = "") -> int:
+    """A memory quantity as Kubernetes writes it ("12Gi", "512M", 1073741824) in bytes,
+    rounded up as the chart rounds it. Raises ValueError (naming `where`, if given)."""
+    text = str(value).strip() if not isinstance(value, bool) else ""
+    m = _QUANTITY.match(text)
+    if m is None:
+        what = f"{value!r} is not a memory quantity (e.g. 16Gi, 512Mi, bytes)"
+        raise ValueError(f"{where}: {what}" if where else what)
+    return math.ceil(float(m.group(1)) * _UNITS[m.group(2) or ""])
+
+
+@dataclass(frozen=True)
+class NodeNeed:
+    """What one node needs for its ranks' in-memory checkpoints, in bytes."""
+
+    ranks: int
+    state_bytes: int
+    replicas: int
+    versions: int = VERSIONS
+
+    @property
+    def own(self) -> int:
+        """The node's own ranks' shards: their snapshot rings, in /dev/shm."""
+        return self.ranks * self.state_bytes * self.versions
+
+    @property
+    def copies(self) -> int:
+        """Copies of peers' shards it keeps (as many ranks' as its own, replicas - 1 times),
+        in its agent's memory."""
+        return self.own * (self.replicas - 1)
+
+    @property
+    def total(self) -> int:
+        return self.own + self.copies
+
+    def sum_text(self, state_field: str) -> str:
+        """The sum as the chart's error gives it."""
+        return (
+            f"{self.ranks} ranks x {_gib_text(self.state_bytes)} ({state_field}) x "
+            f"{self.versions} versions = {self.own / GIB:.1f} GiB of own shards, "
+            f"{self.copies / GIB:.1f} GiB of copies of peers' shards "
+            f"(checkpoint.replicas {self.replicas})"
+        )
+
+
+def _gib_text(nbytes: int) -> str:
+    return f"{nbytes / GIB:.4g}Gi" if nbytes % GIB else f"{nbytes // GIB}Gi"
+
+
+def judge(need: NodeNeed, mem_available: int | None, shm_free: int | None) -> str | None:
+    """Why a node with `mem_available` bytes of memory (MemAvailable) and `shm_free` bytes
+    free in the shared-memory folder cannot hold `need`; None: it can (a figure not known
+    is not judged). The own shards live in /dev/shm and count against the memory too."""
+    problems = []
+    if shm_free is not None and need.own > shm_free:
+        problems.append(f"its /dev/shm has {shm_free / GIB:.1f} GiB free for the own shards")
+    if mem_available is not None and need.total > mem_available:
+        problems.append(f"it has {mem_available / GIB:.1f} GiB of memory available")
+    if not problems:
+        return None
+    return f"{need.sum_text('checkpoint.state_size_per_rank')}: {need.total / GIB:.1f} GiB, " + (
+        " and ".join(problems)
+    )
+
+
+def mem_available(meminfo: str = "/proc/meminfo") -> int | None:
+    """This machine's MemAvailable in bytes (None where the kernel does not say)."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def free_bytes(path: str) -> int | None:
+    """Free bytes of the file system `path` is on (or would be on: its nearest existing
+    folder); None when none can be read."""
+    p = os.path.abspath(path)
+    while True:
+        try:
+            st = os.statvfs(p)
+            return st.f_bavail * st.f_frsize
+        except OSError:
+            if p == os.path.dirname(p):
+                return None
+            p = os.path.dirname(p)
