@@ -22,6 +22,9 @@ COMMITS_KEPT = 2  # the newest commits every node keeps (ckpt/commit.py CommitTr
 NEWEST_KEPT = 3  # each rank's newest shards a node keeps beyond the commits
 IN_FLIGHT = 1  # the snapshot being written
 VERSIONS = COMMITS_KEPT + NEWEST_KEPT + IN_FLIGHT  # the slots of a rank's snapshot ring
+# Under a tight checkpoint.memory_budget: the newest commit and the one being written, of
+# the own shards and of each copy (the lean rule: docs/checkpoints.md, "Host memory").
+LEAN_VERSIONS = 2
 
 GIB = 1 << 30
 _UNITS = {
@@ -86,6 +89,23 @@ class NodeNeed:
             f"{self.copies / GIB:.1f} GiB of copies of peers' shards "
             f"(checkpoint.replicas {self.replicas})"
         )
+
+
+def versions_for(budget: int | None, replicas: int) -> int:
+    """The versions of each rank's state a node keeps, of its own and of each copy, under
+    checkpoint.memory_budget `budget` (None: no budget)."""
+    if budget is None or budget >= VERSIONS * replicas:
+        return VERSIONS
+    return LEAN_VERSIONS
+
+
+def is_lean(budget: int | None, replicas: int) -> bool:
+    """Does checkpoint.memory_budget `budget` take the lean rule (2 versions of each)?"""
+    return versions_for(budget, replicas) == LEAN_VERSIONS
+
+
+def commits_kept(versions: int) -> int:
+    return COMMITS_KEPT if versions == VERSIONS else 1
 
 
 def _gib_text(nbytes: int) -> str:

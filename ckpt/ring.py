@@ -22,6 +22,14 @@ through a copy leaves a slot the agent never reads. The ring's state word (the a
 says it is closed: its rank must open another (the node's shards moved out of shared
 memory, or ranks were renumbered).
 
+Under a tight memory budget (the lean rule, ckpt/footprint.py) one more word, the rank's
+floor, lets the rank give its older shards back without a round trip: copies are made
+before the next step (max_lag_steps 0), so a rank about to write step s knows that every
+rank's shard of its previous snapshot is on every peer (each rank passed that wait before
+the collectives of the steps since); it names that step (with its generation: the floor
+of a generation a roll back fenced off counts for nothing) as its floor, and the agent
+releases the slots of older ones that nothing is reading.
+
 Two more words of the ring's (the agent) bound how far the copies on peer nodes may lag
 (ckpt/replicas.py `lag_gate`): the replication stride (the steps the node sends to its
 peers; 0: it has none, nothing to wait for) and the rank's newest shard that reached every
@@ -64,6 +72,7 @@ OPEN, CLOSED = 0, 1
 W_MAGIC, W_VERSION, W_SLOTS, W_PAYLOAD, W_SKEL_CAP, W_STRIDE, W_STATE, W_LAYOUT_LEN = range(8)
 W_HEADER = 8
 W_REPL_STRIDE, W_REPLICATED = 9, 10  # the agent's: see the module's docstring
+W_FLOOR = 16  # the rank's (its own cache line): see the module's docstring
 W_SLOT0 = 64
 # slot words
 S_SEQ, S_STEP, S_SKEL_LEN, S_GENERATION = 0, 1, 2, 3
@@ -157,6 +166,7 @@ class RingFile:
         w[W_SKEL_CAP], w[W_STRIDE], w[W_STATE] = skel_cap, stride, OPEN
         w[W_LAYOUT_LEN], w[W_HEADER] = len(layout), header
         w[W_REPL_STRIDE], w[W_REPLICATED] = 0, NOT_REPLICATED
+        w[W_FLOOR] = -1
         start = W_SLOT0 * 8 + 8 * SLOT_WORDS * slots
         m[start : start + len(layout)] = np.frombuffer(layout, dtype=np.uint8)
         for i in range(slots):
@@ -187,6 +197,12 @@ class RingFile:
             self.words[W_REPL_STRIDE] = stride
         if replicated is not None:
             self.words[W_REPLICATED] = replicated
+
+    @property
+    def floor(self) -> tuple[int, int] | None:
+        """The rank's floor, (generation, step): its shards of steps before it may go
+        (None: none named)."""
+        return unpack_replicated(int(self.words[W_FLOOR]))
 
     def close_for_writers(self) -> None:
         self.words[W_STATE] = CLOSED
@@ -230,6 +246,22 @@ class RingWriter:
             buf = torch.from_numpy(self.ring.payload(slot))
             views = self._views[slot] = views_of(buf, self.ring.metas)
         return views
+
+    def last_published(self) -> tuple[int, int] | None:
+        """(generation, step) of the slot this writer published last."""
+        if self._last is None:
+            return None
+        r = self.ring
+        return r.word(self._last, S_GENERATION), r.word(self._last, S_STEP)
+
+    def set_floor(self, generation: int, step: int) -> None:
+        """The lean rule: this rank's shards of steps before `step` are no longer needed
+        (every rank's shard of `step` is on every peer); the agent releases their slots,
+        unless `generation` is one it fenced off."""
+        word = pack_replicated(generation, step)
+        if int(self.ring.words[W_FLOOR]) != word:
+            self.ring.words[W_FLOOR] = word
+            ring_bell(self._bell)
 
     def begin(self, slot: int) -> None:
         """The slot is being written: odd sequence number."""

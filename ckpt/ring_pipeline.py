@@ -41,19 +41,24 @@ class RingPipeline:
         die: Callable[[Any], None] | None = None,
         wait_s: float = 60.0,
         device: Any = None,
+        lean: bool = False,
     ):
         """`open_ring(metas, payload_nbytes, skeleton_nbytes)`: (ring path, doorbell path)
         of a new ring for this layout, or None (no shared memory: use `fallback()`).
         `torn(step)`: a chaos fault that kills the rank half-way through this step's copy
         (`die(fault)` carries it out). `wait_s`: how long a snapshot waits for a free slot
         before it is given up (counted in stats.errors; the step stays uncommitted).
-        `device`: an AsyncCapture for a rank whose state is on a GPU."""
+        `device`: an AsyncCapture for a rank whose state is on a GPU. `lean`: the lean
+        rule (ckpt/ring.py, the floor): before a snapshot takes a slot, the rank's shards
+        older than its previous one of this generation go."""
         self._open_ring = open_ring
         self._make_fallback = fallback
         self._generation = generation
         self._torn = torn
         self._die = die
         self._wait_s = wait_s
+        self._lean = lean
+        self._restored: tuple[int, int] | None = None  # (generation, the step it restored)
         self._flattener = Flattener()
         self._writer: RingWriter | None = None
         self._fallback: Any = None
@@ -98,7 +103,7 @@ class RingPipeline:
             self._fallback.submit(step, state)
             return
         t1 = time.perf_counter()
-        slot = wait_free(writer, self._wait_s)
+        slot = self._wait_free(writer, step)
         t2 = time.perf_counter()
         if slot is None and writer.ring.closed:
             return self.submit(step, state)  # a new ring, or Ray
@@ -111,6 +116,20 @@ class RingPipeline:
         self.stats.captures += 1
         self.stats.capture_seconds += (t1 - t0) + (t3 - t2)
         self.stats.last_bytes = flat.nbytes
+
+    def restored(self, generation: int, step: int | None) -> None:
+        """Generation `generation` starts from `step` (None: from scratch), a step every
+        rank restored: the lean rule's floor until it publishes one of its own."""
+        self._restored = None if step is None else (generation, step)
+
+    def _wait_free(self, writer: RingWriter, step: int) -> int | None:
+        if self._lean:
+            generation = self._generation()
+            for floor in (writer.last_published(), self._restored):
+                if floor is not None and floor[0] == generation and floor[1] < step:
+                    writer.set_floor(*floor)
+                    break
+        return wait_free(writer, self._wait_s)
 
     def _no_slot(self, writer: RingWriter, step: int) -> None:
         self.stats.errors += 1
@@ -185,7 +204,7 @@ class RingPipeline:
                 self.stats.errors += 1
                 self.stats.last_error = f"no snapshot ring: step {snap.step} was not checkpointed"
                 return
-            slot = wait_free(writer, self._wait_s)
+            slot = self._wait_free(writer, snap.step)
             if slot is not None:
                 break
             if not writer.ring.closed:

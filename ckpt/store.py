@@ -86,6 +86,8 @@ class ShardStore(Protocol):
 
 
 class MemoryShardStore:
+    free_per_rank = 2  # spare buffers kept per rank holding shards (steady state's)
+
     def __init__(self) -> None:
         self._shards: dict[tuple[int, int], Snapshot] = {}
         self._free: dict[int, list[np.ndarray]] = defaultdict(list)
@@ -128,7 +130,7 @@ class MemoryShardStore:
                 snap = self._shards.pop(k)
                 self._free[snap.nbytes].append(snap.payload)
             # Bound the free pool: two spare buffers per rank holding shards cover steady state.
-            keep_free = 2 * max(1, len({r for r, _ in self._shards}))
+            keep_free = self.free_per_rank * max(1, len({r for r, _ in self._shards}))
             for bufs in self._free.values():
                 del bufs[: max(0, len(bufs) - keep_free)]
         return len(gone)
@@ -154,6 +156,12 @@ class MemoryShardStore:
     def nbytes(self) -> int:
         with self._lock:
             return sum(s.nbytes for s in self._shards.values())
+
+    def allocated(self) -> int:
+        """The bytes this store's buffers take: those holding shards and the spare ones."""
+        with self._lock:
+            spare = sum(b.nbytes for bufs in self._free.values() for b in bufs)
+            return spare + sum(s.nbytes for s in self._shards.values())
 
     def rekey(self, ranks: dict[int, int]) -> int:
         """The world was renumbered: rank `old`'s shards become rank `ranks[old]`'s; shards
@@ -417,6 +425,16 @@ class ShmShardStore:
     def nbytes(self) -> int:
         with self._lock:
             return sum(slot.nbytes for _, slot in self._shards.values())
+
+    def allocated(self) -> int:
+        """The memory this store's folder takes: every ring and slot file's allocation."""
+        total = 0
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.root):
+                with contextlib.suppress(FileNotFoundError):
+                    if entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_blocks * 512
+        return total
 
     def rekey(self, ranks: dict[int, int]) -> int:
         """The world was renumbered: rank `old`'s shards become rank `ranks[old]`'s; shards

@@ -68,7 +68,9 @@ def this_machine(
     state = spec.checkpoint.state_size_per_rank
     if state is not None:
         # Every rank and every copy on this one machine (ckpt/footprint.py).
-        need = NodeNeed(spec.max_workers, int(state), spec.checkpoint.replicas)
+        need = NodeNeed(
+            spec.max_workers, int(state), spec.checkpoint.replicas, spec.checkpoint.versions
+        )
         why = judge(need, memory, free_bytes(spec.checkpoint.shm_dir))
         if why:
             problems.append(f"the in-memory checkpoints do not fit this machine: {why}; {cluster}")

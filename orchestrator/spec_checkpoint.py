@@ -7,7 +7,13 @@ from typing import Any
 
 from pydantic import Field, StrictInt, field_validator, model_validator
 
-from stalwart.ckpt.footprint import parse_quantity
+from stalwart.ckpt.footprint import (
+    LEAN_VERSIONS,
+    VERSIONS,
+    is_lean,
+    parse_quantity,
+    versions_for,
+)
 from stalwart.orchestrator.spec_faults import _Model
 
 MAX_STEPS = 10**12
@@ -116,6 +122,17 @@ class CheckpointSpec(_Model):
         "training goes on from its top-level `step` (0 without one). Read only, never "
         "written; a resume from the job's own checkpoints (checkpoint.persist) comes first",
     )
+    memory_budget: int | None = Field(
+        None,
+        ge=2,
+        le=MAX_WORKERS,
+        description="the versions of one rank's state the job may keep in host memory, its "
+        "own and the copies together (the budget is this times the state per rank): at "
+        "least 2 x replicas. null: 6 of each (12 at replicas 2), the fastest. Under 6 x "
+        "replicas every node keeps 2 of each, the newest commit and the one being written, "
+        "and each step is copied before the next (max_lag_steps 0): training waits for the "
+        'copies, a node loss costs at most 1 step (docs/checkpoints.md, "Host memory")',
+    )
     state_size_per_rank: StrictInt | str | None = Field(  # bytes, once validated
         None,
         description="one rank's state as a snapshot holds it (model, optimizer, RNG states), "
@@ -130,6 +147,54 @@ class CheckpointSpec(_Model):
         "(a memory-backed file system: /dev/shm, a Kubernetes emptyDir with medium Memory); "
         "when it is missing, too small or full, the node keeps them in its agent's memory",
     )
+
+    @property
+    def versions(self) -> int:
+        """The versions of each rank's state a node keeps, own and per copy."""
+        return versions_for(self.memory_budget, self.replicas)
+
+    @property
+    def lean(self) -> bool:
+        """memory_budget takes the lean rule: 2 versions of each (ckpt/footprint.py)."""
+        return is_lean(self.memory_budget, self.replicas)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lean_lag(cls, data: Any) -> Any:
+        """A lean budget copies every step before the next: max_lag_steps 0 unless given."""
+        if isinstance(data, dict) and "max_lag_steps" not in data:
+            budget, replicas = data.get("memory_budget"), data.get("replicas", 2)
+            known = isinstance(budget, int) and isinstance(replicas, int)
+            if known and is_lean(budget, replicas):
+                data = {**data, "max_lag_steps": 0}
+        return data
+
+    @model_validator(mode="after")
+    def _budget(self) -> CheckpointSpec:
+        budget = self.memory_budget
+        if budget is None:
+            return self
+        least = LEAN_VERSIONS * self.replicas
+        if budget < least:
+            raise ValueError(
+                f"checkpoint.memory_budget: {budget} versions cannot hold {LEAN_VERSIONS} of "
+                f"each of checkpoint.replicas={self.replicas} (at least {least})"
+            )
+        if not self.lean:
+            return self
+        if self.max_lag_steps != 0:
+            raise ValueError(
+                f"checkpoint.memory_budget: {budget} (under {VERSIONS} x replicas) keeps "
+                f"{LEAN_VERSIONS} versions, which needs every step copied before the next: "
+                f"checkpoint.max_lag_steps must be 0 (or left out), not {self.max_lag_steps}"
+            )
+        if self.persist.uri:
+            raise ValueError(
+                f"checkpoint.memory_budget: {budget} (under {VERSIONS} x replicas) cannot "
+                "be used with checkpoint.persist yet: the step being persisted would hold "
+                'one of the 2 versions (docs/checkpoints.md, "Host memory")'
+            )
+        return self
 
     @field_validator("state_size_per_rank")
     @classmethod

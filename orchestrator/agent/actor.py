@@ -20,7 +20,7 @@ import numpy as np
 
 from stalwart.ckpt.dcp_format import shard_signature
 from stalwart.ckpt.durable import DurableStore, open_store
-from stalwart.ckpt.footprint import NEWEST_KEPT, free_bytes, mem_available
+from stalwart.ckpt.footprint import LEAN_VERSIONS, NEWEST_KEPT, VERSIONS, free_bytes, mem_available
 from stalwart.ckpt.ring import RingReader
 from stalwart.ckpt.snapshot import Snapshot, TensorMeta, payload_checksum
 from stalwart.ckpt.store import ShardInfo, ShmShardStore
@@ -52,8 +52,13 @@ class NodeAgent:
         gpu_interval_s: float = 2.0,
         lease_s: float | None = LEASE_S,
         durable: bool = False,
+        lean: bool = False,
     ):
+        """`lean`: the job's memory budget takes the lean rule (ckpt/footprint.py): rings
+        of 2 slots, whose older shard goes when its rank names a newer floor, and 2 copies
+        of each peer's shard."""
         self.node_id = node_id
+        self._lean = lean
         if durable:
             # The job persists: the DCP files this agent writes need torch (2 s of CPU).
             # Imported now, beside the workers' start, not at the first durable step while
@@ -71,19 +76,26 @@ class NodeAgent:
         self.store = OwnStore(ShmShardStore(root) if usable else None)
         # The ranks' snapshot rings in that folder (ckpt/ring.py): each rank copies its
         # snapshots into its ring and this agent finds them there, with no call per step.
-        self.rings = RingHub(root, self._ring_shard, self._ring_full) if self.store.shm else None
+        slots = LEAN_VERSIONS if lean else VERSIONS
+        self.rings = (
+            RingHub(root, self._ring_shard, self._ring_full, slots) if self.store.shm else None
+        )
         if self.rings is not None:
             self.store.on_fall_back = self.rings.close_rank
         # Copies of the shards of this node's replica-group peers (ckpt/replicas.py), and
         # the threads that send this node's shards to them, and the channel (its own key)
         # peers put copies through and restoring workers fetch shards from.
-        self.replicas = ReplicaStore()
+        self.replicas = ReplicaStore(lean)
         # What the ranks wait on when the copies must not lag (checkpoint.max_lag_steps).
         self.gate = CopyGate(self.rings)
         self._bounded = False
         self.replicator = Replicator(self.store, on_replicated=self.gate.replicated)
         self.channel = ChannelServer(
-            os.urandom(KEY_BYTES), self._channel_put, self.get_shard, self.replicas.reserve
+            os.urandom(KEY_BYTES),
+            self._channel_put,
+            self.get_shard,
+            self.replicas.reserve,
+            before_put=self.replicas.make_room,
         )
         self._refuse_upto = -1  # chaos drop_replicas: shards of steps <= this are lost
         self._prune_lock = threading.Lock()
@@ -168,8 +180,17 @@ class NodeAgent:
 
     def _ring_full(self, reader: RingReader) -> None:
         """Every slot of a ring is kept: move the oldest shard not being sent to peers out
-        of the ring, so the rank's next snapshot finds a slot."""
+        of the ring, so the rank's next snapshot finds a slot. Under the lean rule, drop
+        those below the rank's floor instead (ckpt/ring.py): none moves out."""
         pinned = self.replicator.pinned()
+        if self._lean:
+            floor = reader.ring.floor
+            if floor is None or self._stale(floor[0]):
+                return  # none named yet, or by a generation a roll back ended
+            for step in reader.held_steps():
+                if step < floor[1] and step not in pinned:
+                    self.store.discard(reader.rank, step)
+            return
         for step in reader.held_steps():
             if step not in pinned and self.store.move_out(reader.rank, step):
                 return
@@ -533,7 +554,8 @@ class NodeAgent:
                 "beats": dict(self._beats),
                 "stored": self.store.stored(),
                 "replicas": self.replicas.stored(),
-                "held_bytes": self.store.nbytes() + self.replicas.nbytes(),
+                # What the checkpoints take: rings, slot files, copies, spare buffers.
+                "held_bytes": self.store.allocated() + self.replicas.allocated(),
                 "notes": self.store.take_notes(),
                 "fence": self._fence,
                 "shard_sigs": self._shard_sigs(),

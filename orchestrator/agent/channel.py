@@ -200,7 +200,8 @@ class ChannelServer:
     """An agent's end: serves puts into its replica store and gets of the shards it holds.
 
     `reserve(nbytes)`: a buffer a put's payload is read into; `on_put(rank, snapshot)`
-    takes it (the snapshot owns that buffer); `on_get(rank, step)`: the shard, or None."""
+    takes it (the snapshot owns that buffer); `on_get(rank, step)`: the shard, or None;
+    `before_put(rank, step)`: told of a put before its payload is read."""
 
     def __init__(
         self,
@@ -210,10 +211,12 @@ class ChannelServer:
         reserve: Callable[[int], np.ndarray] = _new_buffer,
         here: str | None = None,
         timeout_s: float = REQUEST_TIMEOUT_S,
+        before_put: Callable[[int, int], Any] | None = None,
     ):
         assert len(key) == KEY_BYTES
         self._key = key
         self._on_put, self._on_get, self._reserve = on_put, on_get, reserve
+        self._before_put = before_put
         self._here = here
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
@@ -309,6 +312,8 @@ class ChannelServer:
         return True
 
     def _put(self, conn: socket.socket, head: dict, deadline: float) -> None:
+        if self._before_put is not None:
+            self._before_put(int(head["rank"]), int(head["step"]))
         try:
             snap = _read_shard(conn, head, deadline, self._reserve)
         except ChecksumMismatch as e:  # cut or timed out: raised, the connection is dropped

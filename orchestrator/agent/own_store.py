@@ -159,6 +159,9 @@ class OwnStore:
     def nbytes(self) -> int:
         return self.current.nbytes()
 
+    def allocated(self) -> int:
+        return self.current.allocated()
+
     def release_rank(self, rank: int) -> None:
         shm = self.shm
         if shm is not None:

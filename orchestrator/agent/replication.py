@@ -71,7 +71,34 @@ NO_CHANNEL_RETRY_S = 30.0  # a peer whose channel address could not be had: Ray 
 
 class ReplicaStore(MemoryShardStore):
     """The copies of peers' shards. A copy over the channel is read straight into a buffer
-    of this store (`reserve`) and kept as it is (`adopt`): no second copy."""
+    of this store (`reserve`) and kept as it is (`adopt`): no second copy.
+
+    `lean` (the lean rule, ckpt/footprint.py): a rank's copy of step s arrives only once
+    every rank's shard of its previous snapshot is on every peer (ckpt/ring.py, the floor),
+    so the rank's older copies go as it arrives (`make_room`, before its buffer is made):
+    2 copies per rank, the newest commit and the one arriving, and no spare buffers."""
+
+    def __init__(self, lean: bool = False):
+        super().__init__()
+        self.lean = lean
+        if lean:
+            self.free_per_rank = 0  # a dropped copy's buffer goes: 2 per rank, no spare
+
+    def make_room(self, rank: int, step: int) -> int:
+        """Under the lean rule: drop `rank`'s copies older than its newest one before
+        `step` (which is arriving). Returns how many went."""
+        if not self.lean:
+            return 0
+        with self._lock:
+            below = [s for r, s in self._shards if r == rank and s < step]
+        if not below:
+            return 0
+        keep = max(below)
+        return self._drop(lambda k: k[0] != rank or k[1] >= keep)
+
+    def put(self, rank: int, snapshot: Snapshot) -> ShardInfo:
+        self.make_room(rank, snapshot.step)
+        return super().put(rank, snapshot)
 
     def reserve(self, nbytes: int) -> np.ndarray:
         """A buffer for a copy on its way (a dropped copy's, when one of that size is free)."""
@@ -79,6 +106,7 @@ class ReplicaStore(MemoryShardStore):
 
     def adopt(self, rank: int, snapshot: Snapshot) -> ShardInfo:
         """Keep `snapshot` as `rank`'s copy, its payload (a `reserve`d buffer) and all."""
+        self.make_room(rank, snapshot.step)
         with self._lock:
             old = self._shards.pop((rank, snapshot.step), None)
             self._shards[(rank, snapshot.step)] = snapshot

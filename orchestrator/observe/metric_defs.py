@@ -59,8 +59,8 @@ DEFINITIONS: tuple[MetricDef, ...] = (
     MetricDef(
         "stalwart_checkpoint_memory_bytes",
         "gauge",
-        "bytes the nodes' memory holds for the job's in-memory checkpoints (own shards and "
-        "peers' copies, all nodes): flat in a healthy run",
+        "bytes the nodes' memory takes for the job's in-memory checkpoints (snapshot rings, "
+        "slot files, peers' copies and spare buffers, all nodes): flat in a healthy run",
     ),
     MetricDef(
         "stalwart_committed_timestamp_seconds",

@@ -39,5 +39,6 @@ def start_agent(spec: JobSpec, store_key: str, node: str) -> Any:
             gpu_probe=gpu.probe,
             gpu_interval_s=gpu.interval_s,
             durable=bool(spec.checkpoint.persist.uri),
+            lean=spec.checkpoint.lean,
         )
     )

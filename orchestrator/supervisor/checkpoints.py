@@ -20,7 +20,7 @@ import ray
 from stalwart.ckpt import holdings
 from stalwart.ckpt.commit import CommitTracker
 from stalwart.ckpt.durable import CorruptCheckpoint, DurableError, Manifest
-from stalwart.ckpt.footprint import COMMITS_KEPT, NEWEST_KEPT
+from stalwart.ckpt.footprint import LEAN_VERSIONS, NEWEST_KEPT, VERSIONS, commits_kept
 from stalwart.orchestrator.spec import JobSpec
 from stalwart.orchestrator.supervisor.persist import Persister
 from stalwart.orchestrator.supervisor.pool import WorkerPool
@@ -40,7 +40,9 @@ class Checkpoints:
         self.incarnation = incarnation
         self.pool = pool
         self._emit = emit
-        self.commit = CommitTracker(pool.world, COMMITS_KEPT)
+        # Two commits, one under the lean rule (ckpt/footprint.py).
+        self.commits_kept = commits_kept(LEAN_VERSIONS if spec.checkpoint.lean else VERSIONS)
+        self.commit = CommitTracker(pool.world, self.commits_kept)
         self.stored: dict[str, dict[int, list[int]]] = {}  # node -> its own store's steps
         self.replicas_held: dict[str, dict[int, list[int]]] = {}  # node -> copies it holds
         self.replication: dict[str, dict[str, Any]] = {}  # node -> its replicator's status
@@ -258,7 +260,7 @@ class Checkpoints:
         node drops what lies above it. Returns (step, manifest when from storage)."""
         world = self.pool.world
         if self.commit.world_size != world:
-            self.commit = CommitTracker(world, COMMITS_KEPT)
+            self.commit = CommitTracker(world, self.commits_kept)
         self.commit.reset(self.in_memory())
         durable = None
         if self.commit.committed is None:

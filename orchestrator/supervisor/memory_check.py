@@ -36,7 +36,7 @@ def check_memory(spec: JobSpec, node_of_rank: Mapping[int, str], agents: Mapping
             room = ray.get(ref, timeout=ASK_TIMEOUT_S)
         except (GetTimeoutError, RayActorError):
             continue  # a node that does not answer is the health checks' to judge
-        need = NodeNeed(ranks[node], int(state), ckpt.replicas)
+        need = NodeNeed(ranks[node], int(state), ckpt.replicas, ckpt.versions)
         why = judge(need, room.get("mem_available"), room.get("shm_free"))
         if why:
             problems.append(f"node {node[:12]}: {why}")

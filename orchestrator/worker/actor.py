@@ -98,7 +98,8 @@ class TrainWorker:
         mesh.install()
         self.fn = load_entrypoint(spec["entrypoint"], base_dir)
         self.boot["entrypoint_loaded"] = time.time()
-        self.backend = JobSpec.model_validate(spec).resolved_backend(torch.cuda.is_available())
+        job = JobSpec.model_validate(spec)
+        self.backend = job.resolved_backend(torch.cuda.is_available())
         self.device = torch.device("cuda", 0) if self.backend == "nccl" else torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -118,6 +119,7 @@ class TrainWorker:
             die=self._on_fault,
             # On a GPU the copy to the host runs on a side stream, overlapping the next step.
             device=AsyncCapture() if self.device.type == "cuda" else None,
+            lean=job.checkpoint.lean,
         )
         self.ctx: TrainContext | None = None
         self._timings: dict[str, float] = {}
@@ -174,6 +176,7 @@ class TrainWorker:
         sharded model the loop builds in the new layout: {"durable": target} or
         {"memory": {rank: agent}} (worker/reshard_source.py)."""
         self.generation = generation
+        self.pipeline.restored(generation, restore_step)  # the lean rule's first floor
         if rank is not None and (rank, world_size) != (self.rank, self.world_size):
             self.rank, self.world_size = rank, world_size
             self._forget_slots()

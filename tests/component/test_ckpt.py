@@ -56,6 +56,44 @@ def test_commit_waits_for_the_copies_and_memory_stays_bounded(mrun):
     assert held and all(n <= 4 * 10 for n in held.values()), held
 
 
+def test_a_job_within_four_versions_per_rank_recovers_from_each_fault_kind(
+    multinode, mrun, mbaseline
+):
+    """checkpoint.memory_budget: 4 at replicas=2 (the lean rule, ckpt/footprint.py): each
+    node keeps 2 versions of its ranks' state and 2 copies of its peers', and the job
+    recovers from a killed worker, a hang and a lost node to the failure-free model, each
+    costing at most one step, its checkpoints never taking more than 4x the state per rank
+    (rings, copies and spare buffers, as the nodes report them)."""
+    multinode.ensure_worker_nodes(3)
+    spec = small_spec(
+        steps=90,
+        checkpoint={"every_steps": 1, "replicas": 2, "memory_budget": 4},
+        # 2.4 MB of state per rank: the rings' skeleton areas and headers are small beside.
+        config__model__d_model=128,
+        health__hang_timeout_s=4.0,
+        failure__max_restarts=6,
+        chaos__faults=[
+            {"kind": "kill_worker", "rank": 1, "at_step": 20},
+            {"kind": "hang", "rank": 2, "at_step": 40},
+            {"kind": "kill_node", "rank": 3, "at_step": 60},
+        ],
+    )
+    assert validate(spec).checkpoint.max_lag_steps == 0  # the lean rule copies every step
+    result = mrun(spec)
+    assert result["status"] == "succeeded", result["error"]
+    assert result["model_digest"] == mbaseline(spec)["model_digest"]
+    failures = result["failures"]
+    assert {f["fault_index"] for f in failures} == {0, 1, 2}, failures
+    assert all(f["steps_redone"] <= 1 for f in failures), failures
+    assert not events_of(result, "restart_from_scratch")
+    state = result["checkpoint"]["bytes_per_snapshot"]
+    world = spec["workers"]
+    held = [e["memory_bytes"] for e in events_of(result, "throughput") if e["memory_bytes"]]
+    # Rings, copies and buffers, all nodes: 4x the state per rank, and the rings' headers
+    # and skeleton areas (a few pages a slot).
+    assert held and max(held) <= 4.1 * world * state, (max(held), state)
+
+
 def test_nodes_lost_at_random_steps_of_a_fast_loop_cost_at_most_the_lag_bound(
     multinode, mrun, mbaseline
 ):

@@ -76,20 +76,23 @@ def test_validate_refuses_on_this_machine_a_state_it_cannot_hold():
 
 
 CHART_CASES = {
-    "2 ranks a pod, 2 copies": ("3Gi", 2, 2),
-    "1 rank a pod, 3 copies": ("1.5Gi", 1, 3),
-    "no copies": ("5Gi", 2, 1),
+    "2 ranks a pod, 2 copies": ("3Gi", 2, 2, None),
+    "1 rank a pod, 3 copies": ("1.5Gi", 1, 3, None),
+    "no copies": ("5Gi", 2, 1, None),
+    "a lean budget": ("12Gi", 2, 2, 4),
+    "a roomy budget": ("12Gi", 2, 2, 12),
 }
 
 
-@pytest.mark.parametrize("state,per_pod,replicas", CHART_CASES.values(), ids=CHART_CASES.keys())
-def test_the_chart_and_the_preflight_give_the_same_sum(state, per_pod, replicas):
+@pytest.mark.parametrize(
+    "state,per_pod,replicas,budget", CHART_CASES.values(), ids=CHART_CASES.keys()
+)
+def test_the_chart_and_the_preflight_give_the_same_sum(state, per_pod, replicas, budget):
+    ckpt = {"replicas": replicas, "state_size_per_rank": state}
+    if budget is not None:
+        ckpt["memory_budget"] = budget
     values = {
-        "job": {
-            "workers": 4,
-            "resources": {"cpu": 1},
-            "checkpoint": {"replicas": replicas, "state_size_per_rank": state},
-        },
+        "job": {"workers": 4, "resources": {"cpu": 1}, "checkpoint": ckpt},
         "workerGroups": {
             "workers": {
                 "replicas": 4 // per_pod,
@@ -104,7 +107,8 @@ def test_the_chart_and_the_preflight_give_the_same_sum(state, per_pod, replicas)
     m = SUM.search(message)
     assert m, message
     spec = validate({"name": "j", "entrypoint": "m:f", "steps": 10, **values["job"]})
-    need = NodeNeed(per_pod, spec.checkpoint.state_size_per_rank, replicas)
+    versions = footprint.versions_for(budget, replicas)
+    need = NodeNeed(per_pod, spec.checkpoint.state_size_per_rank, replicas, versions)
     # The preflight's sum, word for word (the chart names where the size came from).
     assert m.group(0) == need.sum_text("job.checkpoint.state_size_per_rank")
     why = judge(need, mem_available=GIB, shm_free=None)

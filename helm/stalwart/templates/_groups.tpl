@@ -70,6 +70,11 @@ stalwart.group.shm: the sizeLimit of the group's /dev/shm, or "" for none.
 {{- $stateBytes := int64 (include "stalwart.bytes" (list $state $stateField)) }}
 {{- $versions := int .root.Values.checkpointMemory.versions }}
 {{- $replicas := int (dig "checkpoint" "replicas" 2 (default (dict) .root.Values.job)) }}
+{{- /* job.checkpoint.memory_budget under 6 x replicas: the lean rule's 2 (ckpt/footprint.py) */}}
+{{- $budget := dig "checkpoint" "memory_budget" nil (default (dict) .root.Values.job) }}
+{{- if and $budget (lt (int $budget) (mul 6 $replicas)) }}
+{{- $versions = 2 }}
+{{- end }}
 {{- $own := mul $stateBytes $ranks $versions }}
 {{- $copies := mul $own (sub $replicas 1) }}
 {{- $params := dig "rayStartParams" (dict) $g }}
