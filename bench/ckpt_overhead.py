@@ -16,6 +16,8 @@ first three) for:
   replicas=1  stalwart's in-memory snapshot every step, own node only
   replicas=2  ... and a copy on a peer node        (the goal: <= 5 % over none at 250 MB)
   replicas=3  ... and copies on two peers (needs 3 nodes: --workers 3)
+  lean        replicas=2 within checkpoint.memory_budget 4 (2 versions of each, every step
+              copied before the next)
   torch.save  every rank torch.save()s model + optimizer to local disk every step
 Restore time (the `restore` phase of the recovery, from the job's event log):
   memory      kill_worker: the replacement on the same node reads its own node's memory
@@ -288,6 +290,8 @@ def measure_size(address: str, cluster: Any, size: float, args: argparse.Namespa
         ("none", {"checkpoint__every_steps": steps + 100}),
         ("every=10", {"checkpoint__every_steps": 10}),
         *[(f"replicas={r}", {"checkpoint__replicas": r}) for r in replicas if fits[r]],
+        # replicas=2 within a budget of 4 versions (the lean rule, ckpt/footprint.py).
+        *[("lean", {"checkpoint__replicas": 2, "checkpoint__memory_budget": 4})] * fits.get(2, 0),
         ("torch.save", {"checkpoint__every_steps": steps + 100}),
     ]:
         if label not in args.modes:
