@@ -207,8 +207,11 @@ class RingFile:
     def close_for_writers(self) -> None:
         self.words[W_STATE] = CLOSED
 
+    def payload_offset(self, slot: int) -> int:
+        return self.header + slot * self.stride + self.skel_cap
+
     def payload(self, slot: int) -> np.ndarray:
-        start = self.header + slot * self.stride + self.skel_cap
+        start = self.payload_offset(slot)
         return self._map[start : start + self.payload_nbytes].view(np.ndarray)
 
     def skeleton_area(self, slot: int) -> np.ndarray:

@@ -189,6 +189,23 @@ class _Slot:
     ring: Any = None  # (RingReader, slot index): a slot of a rank's snapshot ring
 
 
+def read_in_place(where: dict[str, Any], step: int) -> Snapshot | None:
+    """A shard that another process of this node keeps in shared memory, as its
+    `ShmShardStore.locate` (through the node agent) names it, mapped read-only: no copy
+    until the restore's own. None when its file is gone (its ring closed meanwhile)."""
+    try:
+        payload = np.memmap(
+            where["path"],
+            dtype=np.uint8,
+            mode="r",
+            offset=where["offset"],
+            shape=(where["nbytes"],),
+        )
+    except (OSError, ValueError):
+        return None
+    return Snapshot(step, where["skeleton"], tuple(where["metas"]), payload, where["checksum"])
+
+
 class ShmFull(OSError):
     """The shared-memory file system has no room for another slot."""
 
@@ -425,6 +442,19 @@ class ShmShardStore:
     def nbytes(self) -> int:
         with self._lock:
             return sum(slot.nbytes for _, slot in self._shards.values())
+
+    def locate(self, rank: int, step: int) -> tuple[str, int, int] | None:
+        """Where `rank`'s shard of `step` lies: (file, byte offset, bytes), for a process
+        on this node to map and read in place; None: not held."""
+        with self._lock:
+            entry = self._shards.get((rank, step))
+        if entry is None:
+            return None
+        slot = entry[1]
+        if slot.ring is None:
+            return slot.path, 0, slot.nbytes
+        reader, index = slot.ring
+        return reader.ring.path, reader.ring.payload_offset(index), slot.nbytes
 
     def allocated(self) -> int:
         """The memory this store's folder takes: every ring and slot file's allocation."""

@@ -7,7 +7,6 @@ nodes, not ranks.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -24,10 +23,9 @@ from stalwart.ckpt.footprint import LEAN_VERSIONS, NEWEST_KEPT, VERSIONS, free_b
 from stalwart.ckpt.ring import RingReader
 from stalwart.ckpt.snapshot import Snapshot, TensorMeta, payload_checksum
 from stalwart.ckpt.store import ShardInfo, ShmShardStore
-from stalwart.health.gpu_probe import FakeGpuProbe, GpuProbe, make_probe
-from stalwart.health.xid import GpuReading
 from stalwart.orchestrator.agent.channel import KEY_BYTES, ChannelServer
 from stalwart.orchestrator.agent.copy_gate import CopyGate
+from stalwart.orchestrator.agent.gpu_watch import GpuWatch
 from stalwart.orchestrator.agent.own_store import OwnStore
 from stalwart.orchestrator.agent.replication import ReplicaStore, Replicator
 from stalwart.orchestrator.agent.rings import RingHub
@@ -108,19 +106,8 @@ class NodeAgent:
         self._beats: dict[int, dict[str, Any]] = {}
         self._output: list[dict[str, Any]] = []  # the ranks' printed lines, for the report
         self._output_dropped = 0
-        # GPU health: a probe thread keeps the latest reading per GPU and the Xids seen
-        # since the last report.
         self._stop = threading.Event()
-        self._gpu_latest: dict[int, GpuReading] = {}
-        self._gpu_xids: dict[int, list[int]] = {}
-        self.gpu_probe_error: str | None = None
-        try:
-            self.probe: GpuProbe | None = make_probe(gpu_probe, node_id)
-        except RuntimeError as e:
-            self.probe, self.gpu_probe_error = None, str(e)
-        if self.probe is not None:
-            self._gpu_interval = gpu_interval_s
-            threading.Thread(target=self._probe_loop, daemon=True, name="gpu-probe").start()
+        self.gpu = GpuWatch(gpu_probe, node_id, gpu_interval_s)
         self._contact = time.monotonic()  # the supervisor's last report request
         if lease_s is not None:
             # The agent outlives its supervisor (it is detached: a restarted supervisor
@@ -259,6 +246,24 @@ class NodeAgent:
         """`rank`'s shard of `step` from this node's memory: its own store, else a copy."""
         own = self.store.get(rank, step)
         return own if own is not None else self.replicas.get(rank, step)
+
+    def locate_shard(self, rank: int, step: int) -> dict[str, Any] | None:
+        """Where this node's shared memory holds `rank`'s own shard of `step`, for a rank
+        of this node to read in place (no copy through Ray): the file, offset and bytes
+        of its payload, and its skeleton, layout and checksum; None: not there."""
+        where = self.store.locate(rank, step)
+        snap = self.store.get(rank, step) if where is not None else None
+        if snap is None:
+            return None
+        path, offset, nbytes = where
+        return {
+            "path": path,
+            "offset": offset,
+            "nbytes": nbytes,
+            "skeleton": bytes(snap.skeleton),
+            "metas": snap.metas,
+            "checksum": snap.checksum,
+        }
 
     def get_layout(self, rank: int, step: int) -> tuple[bytes, tuple] | None:
         """`rank`'s shard of `step`, its skeleton and tensor layout only (what a reshard
@@ -412,8 +417,7 @@ class NodeAgent:
         self.channel.close()
         if self.rings is not None:
             self.rings.close()
-        if self.probe is not None:
-            self.probe.close()
+        self.gpu.close()
         self.store.close()
         self.replicas.close()
 
@@ -470,38 +474,9 @@ class NodeAgent:
 
     # --- GPU health -----------------------------------------------------------------------
 
-    def _probe_once(self) -> None:
-        readings = self.probe.read()
-        with self._lock:
-            for r in readings:
-                self._gpu_latest[r.index] = r
-                if r.xids:
-                    self._gpu_xids.setdefault(r.index, []).extend(r.xids)
-
-    def _probe_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._probe_once()
-            except Exception as e:  # a probe that cannot read is reported, not fatal
-                self.gpu_probe_error = f"{type(e).__name__}: {e}"
-            self._stop.wait(self._gpu_interval)
-
     def inject_gpu_fault(self, index: int, xid: int) -> None:
         """Chaos: the fake probe reports Xid `xid` on GPU `index` (read at once)."""
-        if not isinstance(self.probe, FakeGpuProbe):
-            raise RuntimeError(
-                f"gpu_xid faults need the fake GPU probe; node {self.node_id[:12]} uses "
-                f"{self.probe.kind if self.probe else 'none'} (set health.gpu.probe: fake)"
-            )
-        self.probe.inject(index, xid=xid)
-        self._probe_once()
-
-    def _gpu_report(self) -> list[dict[str, Any]]:
-        xids, self._gpu_xids = self._gpu_xids, {}
-        return [
-            {**dataclasses.asdict(r), "xids": xids.get(i, [])}
-            for i, r in sorted(self._gpu_latest.items())
-        ]
+        self.gpu.inject(index, xid)
 
     # --- diagnostics ------------------------------------------------------------------------
 
@@ -561,9 +536,9 @@ class NodeAgent:
                 "shard_sigs": self._shard_sigs(),
                 "replication": self.replicator.status(),
                 "fired": sorted(self._fired),
-                "gpus": self._gpu_report(),
-                "gpu_probe": self.probe.kind if self.probe else None,
-                "gpu_probe_error": self.gpu_probe_error,
+                "gpus": self.gpu.report(),
+                "gpu_probe": self.gpu.kind,
+                "gpu_probe_error": self.gpu.error,
             }
 
 

@@ -162,6 +162,11 @@ class OwnStore:
     def allocated(self) -> int:
         return self.current.allocated()
 
+    def locate(self, rank: int, step: int) -> tuple[str, int, int] | None:
+        """(file, offset, bytes) of a shard in shared memory, or None (see ShmShardStore)."""
+        shm = self.shm
+        return shm.locate(rank, step) if shm is not None else None
+
     def release_rank(self, rank: int) -> None:
         shm = self.shm
         if shm is not None:

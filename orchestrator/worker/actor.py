@@ -28,6 +28,7 @@ from stalwart.ckpt.durable import open_store
 from stalwart.ckpt.pipeline import SnapshotPipeline
 from stalwart.ckpt.ring_pipeline import RingPipeline
 from stalwart.ckpt.snapshot import Snapshot, payload_checksum
+from stalwart.ckpt.store import read_in_place
 from stalwart.health.classify import classify_exception
 from stalwart.health.observations import FailureKind
 from stalwart.orchestrator.agent.channel import ChannelError, fetch_from_agent
@@ -408,7 +409,12 @@ class TrainWorker:
         # supervisor restores from the next source), it never hangs the recovery.
         source, deadline = source or self.agent, self.spec["failure"]["restore_timeout_s"]
         deadline += time.monotonic()
-        if source._actor_id != self.agent._actor_id:  # a peer's: over its channel, else Ray
+        if source._actor_id == self.agent._actor_id:  # own node's: read in place, one copy
+            where = ray.get(source.locate_shard.remote(rank, step), timeout=10)
+            snap = read_in_place(where, step) if where is not None else None
+            if snap is not None:
+                return snap
+        else:  # a peer's: over its channel, else Ray
             try:
                 left = deadline - time.monotonic()
                 return fetch_from_agent(source, rank, step, left, self.node_ip)
