@@ -43,18 +43,20 @@ _UNITS = {
     "Pi": 1 << 50,
     "Ei": 1 << 60,
 }
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E)?$")
+# A memory quantity as Kubernetes writes it; also the chart's values schema's pattern.
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E)?$"
 
 
 def parse_quantity(value: int | float | str, where: str = "") -> int:
     """A memory quantity as Kubernetes writes it ("12Gi", "512M", 1073741824) in bytes,
     rounded up as the chart rounds it. Raises ValueError (naming `where`, if given)."""
     text = str(value).strip() if not isinstance(value, bool) else ""
-    m = _QUANTITY.match(text)
+    m = re.match(QUANTITY_PATTERN, text)
     if m is None:
         what = f"{value!r} is not a memory quantity (e.g. 16Gi, 512Mi, bytes)"
         raise ValueError(f"{where}: {what}" if where else what)
-    return math.ceil(float(m.group(1)) * _UNITS[m.group(2) or ""])
+    unit = m.group(2) or ""
+    return math.ceil(float(text[: len(text) - len(unit)]) * _UNITS[unit])
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from stalwart.ckpt.footprint import free_bytes
 from stalwart.ckpt.snapshot import Snapshot
 
 
@@ -258,10 +259,10 @@ class ShmShardStore:
         root = Path(root)
         try:
             root.mkdir(parents=True, exist_ok=True)
-            st = os.statvfs(root)
         except OSError:
             return False
-        return st.f_bavail * st.f_frsize >= need_bytes and os.access(root, os.W_OK)
+        free = free_bytes(str(root))
+        return free is not None and free >= need_bytes and os.access(root, os.W_OK)
 
     def reserve(self, rank: int, nbytes: int) -> str:
         """A slot file of `nbytes` for `rank` to write into; returns its path."""
@@ -283,10 +284,9 @@ class ShmShardStore:
                 f.close()
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
-                st = os.statvfs(self.root)
                 raise ShmFull(
                     f"{self.root}: no room for rank {rank}'s {nbytes} byte shard "
-                    f"({st.f_bavail * st.f_frsize} bytes free): {e.strerror}"
+                    f"({free_bytes(str(self.root))} bytes free): {e.strerror}"
                 ) from None
         array = np.memmap(path, dtype=np.uint8, mode="r+", shape=(max(nbytes, 1),))[:nbytes]
         slot = _Slot(path, nbytes, array)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from stalwart.ckpt.footprint import QUANTITY_PATTERN
+
 # Names under $defs, prefixed so that they cannot collide with the JobSpec's.
 DEF = "chart."
 
@@ -16,7 +18,7 @@ _MEMORY = {
     "anyOf": [
         {
             "type": "string",
-            "pattern": r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E)?$",
+            "pattern": QUANTITY_PATTERN,
         },
         {"type": "integer", "minimum": 0},
     ],

@@ -20,7 +20,7 @@ import ray
 from stalwart.ckpt import holdings
 from stalwart.ckpt.commit import CommitTracker
 from stalwart.ckpt.durable import CorruptCheckpoint, DurableError, Manifest
-from stalwart.ckpt.footprint import LEAN_VERSIONS, NEWEST_KEPT, VERSIONS, commits_kept
+from stalwart.ckpt.footprint import NEWEST_KEPT, commits_kept
 from stalwart.orchestrator.spec import JobSpec
 from stalwart.orchestrator.supervisor.persist import Persister
 from stalwart.orchestrator.supervisor.pool import WorkerPool
@@ -41,7 +41,7 @@ class Checkpoints:
         self.pool = pool
         self._emit = emit
         # Two commits, one under the lean rule (ckpt/footprint.py).
-        self.commits_kept = commits_kept(LEAN_VERSIONS if spec.checkpoint.lean else VERSIONS)
+        self.commits_kept = commits_kept(spec.checkpoint.versions)
         self.commit = CommitTracker(pool.world, self.commits_kept)
         self.stored: dict[str, dict[int, list[int]]] = {}  # node -> its own store's steps
         self.replicas_held: dict[str, dict[int, list[int]]] = {}  # node -> copies it holds
