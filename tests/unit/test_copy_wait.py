@@ -5,6 +5,7 @@ ring hub and ring files under a temporary folder; no Ray."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -59,14 +60,22 @@ def test_the_gate_reaches_the_ranks_rings_a_new_one_included(tmp_path):
         hub.close()
 
 
-def test_a_rank_waits_at_the_boundary_until_its_copies_are_on_the_peers(tmp_path):
+@contextlib.contextmanager
+def _gated(tmp_path, bound: int):
+    """A hub, its gate at stride `bound`, rank 0's ring and a CopyWait of `bound` on it."""
     hub = _hub(tmp_path)
     gate = CopyGate(hub)
     try:
         ring = _ring_for(hub, 0)
-        gate.set_stride(2)
+        gate.set_stride(bound)
+        yield gate, ring, CopyWait(bound, ring.replication, _never_asked)
+    finally:
+        hub.close()
+
+
+def test_a_rank_waits_at_the_boundary_until_its_copies_are_on_the_peers(tmp_path):
+    with _gated(tmp_path, 2) as (gate, ring, wait):
         gate.replicated(0, 2, generation=1)
-        wait = CopyWait(2, ring.replication, _never_asked)
         assert wait.after_snapshot(4, 1, 0, lambda: False) == 0.0  # 2 is enough for 4
         # Snapshot 5 needs step 4's copies: the agent's replicator sends them later.
         threading.Timer(0.3, gate.replicated, (0, 4, 1)).start()
@@ -81,17 +90,10 @@ def test_a_rank_waits_at_the_boundary_until_its_copies_are_on_the_peers(tmp_path
         assert CopyWait(None, ring.replication, _never_asked).after_snapshot(99, 2, 0, _no) == 0
         gate.set_stride(0)
         assert wait.after_snapshot(99, 2, 0, lambda: False) == 0.0
-    finally:
-        hub.close()
 
 
 def test_a_recovery_ends_a_wait_at_once(tmp_path):
-    hub = _hub(tmp_path)
-    gate = CopyGate(hub)
-    try:
-        ring = _ring_for(hub, 0)
-        gate.set_stride(1)
-        wait = CopyWait(1, ring.replication, _never_asked)
+    with _gated(tmp_path, 1) as (gate, _ring, wait):
         aborted = threading.Event()
         threading.Timer(0.2, aborted.set).start()
         t0 = time.monotonic()
@@ -100,8 +102,6 @@ def test_a_recovery_ends_a_wait_at_once(tmp_path):
         # A newer generation's copies: this rank was replaced; it does not wait either.
         gate.replicated(0, 3, generation=5)
         assert wait.after_snapshot(9, 1, 0, lambda: False) == 0.0
-    finally:
-        hub.close()
 
 
 def test_through_ray_the_agent_is_asked_only_while_its_answer_does_not_cover(tmp_path):
