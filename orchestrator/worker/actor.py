@@ -299,7 +299,7 @@ class TrainWorker:
             return False
         if self.ctx is not None:
             self.ctx.interrupt(reason)
-        self.group.abort(reason)
+        self.group.abort(reason, generation)
         return True
 
     def status(self) -> dict[str, Any]:

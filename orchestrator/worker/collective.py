@@ -172,6 +172,12 @@ class ElasticGroup:
         self._pending: dict[torch.futures.Future, float] = {}  # future -> issued at
         self._aborted: str | None = "not configured"
         self._graveyard: list[tuple[dist.ProcessGroup, dist.Backend]] = []
+        # Joining a generation's group blocks (gloo connects to every peer through the
+        # store) until every rank has joined: a rank killed before it joined would hold the
+        # others there until the collective timeout. The join runs on a helper thread; an
+        # abort of the generation being joined wakes the training thread (configure).
+        self._joining: tuple[int, threading.Event] | None = None
+        self._cancelled: tuple[int, str] | None = None  # the newest generation aborted
         # This generation's subgroups (DeviceMesh dimensions, dist.new_group) and how many
         # were made on each set of ranks (their names and store keys).
         self._subgroups: list[tuple[AbortableProcessGroup, dist.Backend]] = []
@@ -209,9 +215,11 @@ class ElasticGroup:
         hostname: str | None,
         timeout: datetime.timedelta,
     ) -> None:
-        """Join generation `generation`'s group; blocks until every rank has joined."""
-        pg, be, registered = _wrap_backend(
-            store, rank, world_size, backend, timeout, device, hostname
+        """Join generation `generation`'s group; blocks until every rank has joined, or
+        raises GroupAborted as soon as the generation is aborted (a peer died first)."""
+        pg, be, registered = self._join(
+            generation,
+            lambda: _wrap_backend(store, rank, world_size, backend, timeout, device, hostname),
         )
         self.device = device
         owned = AbortableProcessGroup(
@@ -240,6 +248,42 @@ class ElasticGroup:
             self.backend = backend
             self._store, self._hostname, self._timeout = store, hostname, timeout
             self._aborted = None
+
+    def _join(self, generation: int, build: Callable[[], Any]) -> Any:
+        """`build()` (which blocks until every rank joined) on a helper thread, returning
+        what it returns; GroupAborted once `generation` is aborted. A group built after the
+        abort goes to the graveyard with the rest (its threads may be blocked)."""
+        wake = threading.Event()
+        outcome: dict[str, Any] = {}
+        with self._lock:
+            if self._cancelled is not None and self._cancelled[0] == generation:
+                raise GroupAborted(self._cancelled[1])
+            self._joining = (generation, wake)
+
+        def run() -> None:
+            try:
+                built, error = build(), None
+            except BaseException as e:  # handed to the training thread
+                built, error = None, e
+            with self._lock:
+                outcome.update(group=built, error=error)
+                if outcome.get("abandoned") and built is not None:
+                    self._graveyard.append(built[:2])
+            wake.set()
+
+        threading.Thread(target=run, name=f"stalwart-join-gen{generation}", daemon=True).start()
+        wake.wait()
+        with self._lock:
+            self._joining = None
+            cancelled = self._cancelled
+            if cancelled is not None and cancelled[0] == generation:
+                if outcome.get("group") is not None:
+                    self._graveyard.append(outcome["group"][:2])
+                outcome["abandoned"] = True
+                raise GroupAborted(cancelled[1])
+        if outcome["error"] is not None:
+            raise outcome["error"]
+        return outcome["group"]
 
     def subgroup(
         self,
@@ -333,10 +377,15 @@ class ElasticGroup:
             return torch.futures.Future(devices=[self.device])
         return torch.futures.Future()
 
-    def abort(self, reason: str) -> None:
-        """Fail every pending and future collective of this generation with GroupAborted."""
+    def abort(self, reason: str, generation: int | None = None) -> None:
+        """Fail every pending and future collective of this generation with GroupAborted;
+        with `generation`, also a join of that generation in progress or still to come."""
         with self._lock:
             self._aborted = reason
+            if generation is not None:
+                self._cancelled = (generation, reason)
+                if self._joining is not None and self._joining[0] == generation:
+                    self._joining[1].set()
             pending, self._pending = list(self._pending), {}
             backend = self._backend
             subgroups = [be for _, be in self._subgroups]
