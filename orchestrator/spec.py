@@ -96,14 +96,17 @@ class FailureSpec(_Model):
         description="idle workers kept started (torch imported, entrypoint loaded) that take "
         "a lost rank's place without starting a process",
     )
-    standby: bool = Field(
-        False,
+    standby: bool | None = Field(
+        None,
         description="keep one more idle worker process on each node that holds ranks or a "
         "spare, started in advance (torch imported) but holding no Ray resources: a rank "
-        "lost when no spare is ready moves into it (in its own slot, or a new slot on the "
+        "lost when no spare is ready moves into it (in its own slot, or a new slot on a "
         "standby's node) instead of starting a process; costs an idle process per node "
-        "(~0.4 GB of host memory). Not used for jobs with resources.gpu > 0: a process "
-        "started without a GPU grant cannot be handed one later",
+        "(~0.4 GB of host memory). null (the default): on for CPU jobs when every node "
+        "holding ranks has the memory for one beside the checkpoints, with the decision "
+        "in the job's events. Not used for jobs with resources.gpu > 0: a process started "
+        "without a GPU grant cannot be handed one later (failure.spares are their warm "
+        "processes)",
     )
     abort_timeout_s: float = Field(
         10.0, gt=0, description="how long survivors get to leave their train loop on recovery"

@@ -310,7 +310,7 @@ class JobSupervisor:
             self._recover(self.sm.context)
             return
         self.preflight.check_spares()
-        self.pool.fill_standbys()
+        self.pool.keep_warm()
         grow = self.elastic.check_growth()
         if grow:
             reason = (

@@ -3,14 +3,15 @@ nodes that get no new ranks (lost or cordoned).
 
 Placement rules (docs/architecture.md, "Placement of replacements"): a ready spare on a
 healthy node; else a ready standby (failure.standby) in the lost rank's slot, or in a new
-slot on the standby's node; else the lost rank's slot if its node is alive and not
-cordoned; else any healthy node, outside any slot.
+slot on a standby's node (when neither is ready but some are starting: the first ready);
+else the lost rank's slot if its node is alive and not cordoned; else any healthy node,
+outside any slot. The spares are supervisor/spares.py's, the standbys standby.py's.
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -25,20 +26,22 @@ from ray.util.scheduling_strategies import (
 from stalwart.health.cordon import CordonList
 from stalwart.orchestrator.spec import JobSpec
 from stalwart.orchestrator.supervisor.agents import AGENT_PREFIX, start_agent
-from stalwart.orchestrator.supervisor.memory_check import check_memory
+from stalwart.orchestrator.supervisor.memory_check import ask_rooms, check_memory, checkpoint_need
 from stalwart.orchestrator.supervisor.resources import (
     SchedulingError,
     check_capacity,
     worker_bundle,
 )
 from stalwart.orchestrator.supervisor.slots import Slots, SlotsUnavailable
-from stalwart.orchestrator.supervisor.standby import Standbys
+from stalwart.orchestrator.supervisor.spares import Spares, actor_error_text
+from stalwart.orchestrator.supervisor.standby import Standbys, choose
 from stalwart.orchestrator.supervisor.startup import StartupClock
 from stalwart.orchestrator.worker.remote import WorkerActor
 
 NODE_PING_TIMEOUT_S = 1.0  # a dead worker's node must answer this fast to keep its bundle
 ATTACH_TIMEOUT_S = 30.0
 SLOT_CHECK_S = 2.0  # how often a replacement waiting for its slot checks the slot's node
+STANDBY_SLOT_S = 0.5  # how long a rank with a slot of its own waits for one by a standby
 # An actor that is gone, or that cannot be reached (its node is down).
 ActorGone = (RayActorError, ActorUnavailableError)
 
@@ -62,17 +65,12 @@ class WorkerPool:
         # rank -> its slot (supervisor/slots.py); None: placed outside any slot (its slot's
         # node was bad)
         self.bundle_of: dict[int, int | None] = {}
-        # Started and ready: (actor, slot or None, node). Starting: ready() ref -> (actor,
-        # slot or None).
-        self.spares: list[tuple[Any, int | None, str]] = []
-        # Spares to start again once a recovery's replacements have their places (a
-        # refill must never take the room a lost rank needs): their bundles, or None.
-        self.refills: list[int | None] = []
         # Chaos `during: replace`: (rank, node) -> kill the replacement that just started.
         self.chaos_replace: Callable[[int, str], bool] = lambda rank, node: False
-        self.spares_starting: dict[Any, tuple[Any, int | None]] = {}
-        # failure.standby: an idle process per node, holding no room (supervisor/standby.py).
+        # failure.standby: an idle process per node, holding no room (supervisor/standby.py);
+        # whether the job has them is decided when its slots are placed (schedule).
         self.standbys = Standbys(lambda node: self.create_worker(None, None, node), emit)
+        self.standby_on = False
         self.agents: dict[str, Any] = {}
         self.slots = Slots(f"stalwart-{spec.name}")
         self.lost_nodes: set[str] = set()
@@ -84,6 +82,15 @@ class WorkerPool:
         self.cordon_log: list[dict[str, Any]] = []
         self.supervisor: Any = None  # the supervisor's handle, for workers to report faults to
         self.clock = StartupClock()  # the cold start's marks (supervisor/startup.py)
+        self.warm = Spares(
+            spec.failure.spares,
+            lambda slot: self.create_worker(None, slot),
+            self.ensure_agent,
+            self.usable_bundle,
+            self.bad_nodes,
+            self.clock,
+            emit,
+        )
 
     # --- nodes ------------------------------------------------------------------------------
 
@@ -137,11 +144,7 @@ class WorkerPool:
         self.slots.release_on({node})
         self.agents.pop(node, None)
         self.standbys.drop({node})
-        dropped = [s for s in self.spares if s[2] == node]
-        self.spares = [s for s in self.spares if s[2] != node]
-        for actor, _, _ in dropped:
-            ray.kill(actor, no_restart=True)
-        return len(dropped)
+        return self.warm.drop_node(node)
 
     def usable_bundle(self, bundle_index: int | None) -> int | None:
         """`bundle_index` (a slot) if its node may take a rank, else None (place outside
@@ -217,12 +220,24 @@ class WorkerPool:
         created = time.time()
         for node in sorted(self.slots.nodes()):
             self._time_span("agents", self.ensure_agent(node).ping.remote(), created)
-        check_memory(spec, {r: self.slots.node_of(r) for r in range(self.world)}, self.agents)
+        node_of_rank = {r: self.slots.node_of(r) for r in range(self.world)}
+        rooms = ask_rooms(self.slots.nodes(), spec.checkpoint.shm_dir, self.agents)
+        check_memory(spec, node_of_rank, rooms)
         for rank in range(self.world):
             self.bundle_of[rank] = rank
             self.workers[rank] = self.create_worker(rank, rank)
         for bundle_index in range(self.world, n_bundles):
-            self.start_spare(bundle_index)
+            self.warm.start(bundle_index)
+        ranks_on = Counter(node_of_rank.values())
+        self.standby_on, why = choose(
+            spec.failure.standby,
+            bool(spec.resources.gpu),
+            {n: room for n, room in rooms.items() if n in ranks_on},
+            {n: checkpoint_need(spec, k) for n, k in ranks_on.items()},
+        )
+        self._emit("standby_plan", enabled=self.standby_on, reason=why)
+        if self.standby_on:  # as soon as the ranks are placed: ready by their first steps
+            self.standbys.fill(self.slots.nodes())
         self.await_ready(list(range(self.world)), spec.failure.scheduling_timeout_s)
         self.clock.workers_ready({r: self.worker_info[r].get("boot", {}) for r in self.workers})
         self.check_spares()  # those ready by now are preflighted with the ranks
@@ -368,98 +383,39 @@ class WorkerPool:
         self.workers[rank] = self.create_worker(rank, self.bundle_of[rank])
         pending[self.workers[rank].ready.remote()] = rank
 
-    # --- spares -----------------------------------------------------------------------------
+    # --- spares (supervisor/spares.py) -----------------------------------------------------
 
-    def start_spare(self, bundle_index: int | None) -> None:
-        """Start an idle worker (in `bundle_index`, or on any healthy node if None); it
-        becomes usable once ready() returns."""
-        actor = self.create_worker(None, bundle_index)
-        self.spares_starting[actor.ready.remote()] = (actor, bundle_index)
+    @property
+    def spares(self) -> list[tuple[Any, int | None, str]]:
+        """The ready spares: (actor, slot or None, node)."""
+        return self.warm.ready
 
     def check_spares(self) -> None:
-        if not self.spares_starting:
-            return
-        ready, _ = ray.wait(
-            list(self.spares_starting), num_returns=len(self.spares_starting), timeout=0
-        )
-        for ref in ready:
-            actor, bundle_index = self.spares_starting.pop(ref)
-            try:
-                info = ray.get(ref)
-                ray.get(
-                    actor.attach.remote(self.ensure_agent(info["node_id"])),
-                    timeout=ATTACH_TIMEOUT_S,
-                )
-            except (*ActorGone, GetTimeoutError) as e:
-                self._emit("spare_failed", bundle=bundle_index, message=actor_error_text(e))
-                continue
-            self.spares.append((actor, bundle_index, info["node_id"]))
-            self.clock.spare_ready(bundle_index, info.get("boot", {}))
-            self._emit(
-                "spare_ready", bundle=bundle_index, node=info["node_id"], spares=len(self.spares)
-            )
-
-    def _await_spare(self) -> None:
-        """No ready spare on a healthy node, but spares still starting (a failure early in
-        the job): wait for one, as long as a worker started now would take to start (the
-        ranks' boot took that long), which it started before."""
-        bad = self.bad_nodes()
-        wait_s = self.clock.boot_seconds() or self.spec.failure.replacement_timeout_s
-        deadline = time.monotonic() + min(wait_s, self.spec.failure.replacement_timeout_s)
-        while self.spares_starting and not any(n not in bad for _, _, n in self.spares):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            ray.wait(list(self.spares_starting), num_returns=1, timeout=left)
-            self.check_spares()
-
-    def take_spare(self, rank: int) -> tuple[Any, int | None] | None:
-        """A ready spare on a healthy node, now holding `rank`; None if there is none."""
-        bad = self.bad_nodes()
-        for entry in list(self.spares):
-            actor, bundle_index, node = entry
-            if node in bad:
-                continue
-            self.spares.remove(entry)
-            try:
-                ray.get(actor.assume.remote(rank), timeout=10)
-            except (*ActorGone, GetTimeoutError) as e:
-                self._emit("spare_failed", bundle=bundle_index, message=actor_error_text(e))
-                ray.kill(actor, no_restart=True)
-                self.refills.append(bundle_index)
-                continue
-            return actor, bundle_index
-        return None
+        self.warm.check()
 
     def refill_spares(self) -> None:
-        """Start the spares a recovery used (in their freed bundles where those are on
-        healthy nodes), now that every replaced rank has its place."""
-        refills, self.refills = self.refills, []
-        for bundle_index in refills:
-            self.start_spare(self.usable_bundle(bundle_index))
+        """Start the spares a recovery used or lost, now that every replaced rank has its
+        place (and, between recoveries, those that failed to start)."""
+        self.warm.refill()
 
     def spare_nodes(self) -> frozenset[str]:
-        """Healthy nodes with a ready spare."""
-        bad = self.bad_nodes()
-        return frozenset(n for _, _, n in self.spares if n not in bad)
+        return self.warm.nodes()
 
     def restart_spares_on(self, nodes: set[str] | dict[str, Any]) -> None:
-        """Spares on `nodes` (which failed preflight) are stopped and started elsewhere."""
+        """Spares and standbys on `nodes` (which failed preflight) are stopped; the spares
+        start again elsewhere."""
         self.standbys.drop(set(nodes))
-        for entry in [s for s in self.spares if s[2] in nodes]:
-            self.spares.remove(entry)
-            ray.kill(entry[0], no_restart=True)
-            self.start_spare(None)
+        self.warm.restart_on(nodes)
 
     # --- replacing ranks --------------------------------------------------------------------
 
     def replace(self, ranks: set[int]) -> tuple[dict[int, int | None], dict[int, str]]:
         """Stop `ranks`' workers and start their successors: a warm spare on a healthy node
         if one is ready (its place refilled by refill_spares(), once every replacement
-        has its place), else a standby (failure.standby) in the lost rank's slot or a new
-        slot on its node, else a new worker in the lost rank's slot if its node is
-        healthy, else on any healthy node. Returns the spares used (rank -> their slot)
-        and how each rank was placed."""
+        has its place), else a ready standby in the lost rank's slot or a new slot on its
+        node (with neither ready but some starting, the first to be ready), else a new
+        worker in the lost rank's slot if its node is healthy, else on any healthy node.
+        Returns the spares used (rank -> their slot) and how each rank was placed."""
         self.check_spares()
         used_spares: dict[int, int | None] = {}
         placed: dict[int, str] = {}
@@ -467,12 +423,14 @@ class WorkerPool:
             ray.kill(self.workers[rank], no_restart=True)
             self.forget_rank(rank)
             freed = self.bundle_of[rank]
-            self._await_spare()
-            spare = self.take_spare(rank)
+            spare = self.warm.take(rank)
+            if spare is None:
+                self._await_warm()
+                spare = self.warm.take(rank)
             if spare is not None:
                 self.workers[rank], self.bundle_of[rank] = spare
                 used_spares[rank] = spare[1]
-                self.refills.append(freed)
+                self.warm.refills.append(freed)
                 placed[rank] = "spare"
                 continue
             self.bundle_of[rank] = self.usable_bundle(freed)
@@ -485,25 +443,61 @@ class WorkerPool:
             placed[rank] = "bundle" if self.bundle_of[rank] is not None else "healthy node"
         return used_spares, placed
 
+    def _await_warm(self) -> None:
+        """No spare and no standby ready on a healthy node, but some starting (a failure
+        early in the job, or soon after another took them): wait for the first, as long as
+        a worker started now would take to start (the ranks' boot took that long)."""
+        bad = self.bad_nodes()
+        limit = self.spec.failure.replacement_timeout_s
+        deadline = time.monotonic() + min(self.clock.boot_seconds() or limit, limit)
+        while self.warm.starting or self.standbys.starting:
+            if self.warm.nodes() or set(self.standbys.ready) - bad:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            starting = [*self.warm.starting, *self.standbys.starting]
+            ray.wait(starting, num_returns=1, timeout=left)
+            self.warm.check()
+            self.standbys.poll()
+
     def _from_standby(self, rank: int) -> Any | None:
-        """A ready standby now holding `rank`, in the rank's slot if it has one, else in a
-        new slot on a healthy node with a ready standby (the rank's node was lost); None
-        if there is none there. A new slot stays the rank's either way."""
+        """A ready standby now holding `rank`: its node's in the rank's slot, else one on
+        another healthy node in a new slot there (the rank's node was lost, or its standby
+        is in use or still starting; the rank's old slot is given back). None if there is
+        none. With no old slot, a new slot stays the rank's either way."""
         self.standbys.poll()
         slot = self.bundle_of[rank]
-        if slot is None and self.standbys.ready:
-            nodes = set(self.standbys.ready) - self.bad_nodes()
-            slot = self.slots.add(worker_bundle(self.spec), nodes, SLOT_CHECK_S)
-            self.bundle_of[rank] = slot
-        if slot is None:
+        node = self.slots.node_of(slot) if slot is not None else None
+        if node in self.standbys.ready:
+            return self.standbys.take(node, rank)
+        nodes = set(self.standbys.ready) - self.bad_nodes()
+        # A slot where there is room is placed in milliseconds; a rank that has a slot to
+        # start cold in does not wait long for room that is not there.
+        wait_s = SLOT_CHECK_S if slot is None else STANDBY_SLOT_S
+        new = self.slots.add(worker_bundle(self.spec), nodes, wait_s) if nodes else None
+        if new is None:
             return None
-        return self.standbys.take(self.slots.node_of(slot), rank)
+        actor = self.standbys.take(self.slots.node_of(new), rank)
+        if slot is None:
+            self.bundle_of[rank] = new
+        elif actor is not None:
+            self.slots.release(slot)
+            self.bundle_of[rank] = new
+        else:
+            self.slots.release(new)
+        return actor
+
+    def keep_warm(self) -> None:
+        """Between recoveries: start the spares that failed to start or died with their
+        node, and the standbys missing."""
+        self.warm.refill()
+        self.fill_standbys()
 
     def fill_standbys(self) -> None:
-        """failure.standby: start a standby on a healthy node holding ranks or a spare (where
-        a lost node's ranks go) that has none (one at a time; not for jobs with GPUs, see
-        supervisor/standby.py)."""
-        if self.spec.failure.standby and not self.spec.resources.gpu:
+        """Start a standby on every healthy node holding ranks or a spare (where a lost
+        node's ranks go) that has none, when the job keeps them (supervisor/standby.py)."""
+        if self.standby_on:
             bad = self.bad_nodes()
             self.standbys.drop(bad)  # cordoned since they started: no new ranks there
             nodes = {self.node_of(r) for r in self.workers if r in self.worker_info}
@@ -563,8 +557,7 @@ class WorkerPool:
 
     def used_bundles(self) -> set[int]:
         """Slots a rank or a spare uses."""
-        used = {b for b in self.bundle_of.values() if b is not None}
-        return used | {b for _, b, _ in self.spares} | {b for _, b in self.spares_starting.values()}
+        return {b for b in self.bundle_of.values() if b is not None} | self.warm.slots()
 
     # --- the end ----------------------------------------------------------------------------
 
@@ -572,8 +565,7 @@ class WorkerPool:
         """Stop every worker, spare and (`others`) idle worker, close the agents (they
         delete their shared-memory files; one that is gone took them with its node) and
         give the room back."""
-        spares = [s[0] for s in self.spares] + [a for a, _ in self.spares_starting.values()]
-        spares += self.standbys.actors()
+        spares = self.warm.actors() + self.standbys.actors()
         for worker in [*self.workers.values(), *spares, *others]:
             ray.kill(worker, no_restart=True)
         closing = [agent.close.remote() for agent in self.agents.values()]
@@ -581,10 +573,3 @@ class WorkerPool:
         for agent in self.agents.values():
             ray.kill(agent, no_restart=True)
         self.slots.close()
-
-
-def actor_error_text(e: BaseException) -> str:
-    text = str(e).strip()
-    # Ray's message repeats the actor's whole creation traceback; the last lines carry it.
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return "\n".join(lines[-12:])

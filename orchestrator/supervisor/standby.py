@@ -8,26 +8,85 @@ room is held by a slot on the standby's node (the rank's own slot, or a new one 
 reserves there), so the accounting stays true: the slot holds the CPUs, the standby's
 process uses them.
 
-One standby is started at a time (each imports torch, and a small machine has the ranks
-training on its cores), on the nodes the pool names; a used or lost one is started again
-by the next fill. Ray cannot hand a GPU to a process after it started, so jobs with GPUs
-have none (failure.standby's description says so).
+Whether a job has them (`choose`): failure.standby says so, or, left unset, they are on for
+CPU jobs when every node holding ranks has the memory for one beside its checkpoints. They
+start together as soon as the ranks are ready, on the nodes the pool names; a used or lost
+one is started again by the next fill (the supervisor's tick). Ray cannot hand a GPU to a
+process after it started, so jobs with GPUs have none: their warm processes are
+failure.spares, each holding its GPU in its slot.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 ASSUME_TIMEOUT_S = 10.0
+GIB = 1024**3
+# What a standby costs: an idle TrainWorker's RSS is ~0.37 GiB (torch and stalwart
+# imported, Ray's worker; docs/benchmarks.md), rounded up. Auto keeps a node's standby only
+# where this and a headroom are left beside the node's checkpoints.
+STANDBY_BYTES = GIB // 2
+HEADROOM_BYTES = GIB
+
+
+def choose(
+    setting: bool | None,
+    gpu: bool,
+    rooms: Mapping[str, Mapping[str, Any]],
+    checkpoints: Mapping[str, int],
+) -> tuple[bool, str]:
+    """Whether the job keeps standbys, and why (a line for its events). `setting`:
+    failure.standby (None: decide here); `rooms`: what each node holding ranks has
+    (NodeAgent.memory); `checkpoints`: the bytes its checkpoints will take (0: unknown)."""
+    if gpu:
+        if setting:
+            why = "off although failure.standby is true: the job's workers use GPUs"
+        else:
+            why = "off: the job's workers use GPUs"
+        return False, (
+            why + " (Ray cannot hand a GPU to a process after it started; failure.spares "
+            "are the warm processes of a GPU job)"
+        )
+    if setting is not None:
+        on = "on: one idle worker process per node holding ranks" if setting else "off"
+        return setting, f"{on} (failure.standby: {str(setting).lower()})"
+    want = STANDBY_BYTES + HEADROOM_BYTES
+    short = []
+    for node, room in sorted(rooms.items()):
+        available = room.get("mem_available")
+        if available is not None and available - checkpoints.get(node, 0) < want:
+            left = (available - checkpoints.get(node, 0)) / GIB
+            short.append(f"node {node[:12]} has {left:.1f} GiB left beside its checkpoints")
+    if short:
+        return False, (
+            f"off: {'; '.join(short)}, and a standby needs {STANDBY_BYTES / GIB:.1f} GiB "
+            f"plus {HEADROOM_BYTES / GIB:.0f} GiB of headroom (failure.standby: true starts "
+            "them anyway)"
+        )
+    least = min(
+        (
+            r["mem_available"] - checkpoints.get(n, 0)
+            for n, r in rooms.items()
+            if r.get("mem_available")
+        ),
+        default=None,
+    )
+    room = f"; every node has {least / GIB:.1f} GiB or more left" if least is not None else ""
+    return True, (
+        f"on: one idle worker process per node holding ranks, ~{STANDBY_BYTES / GIB:.1f} GiB "
+        f"each{room} (failure.standby: false turns them off)"
+    )
+
+
 _GONE = (RayActorError, ActorUnavailableError, GetTimeoutError)
 
 
 class Standbys:
-    """Node -> its ready standby, and the one starting."""
+    """Node -> its ready standby, and those starting."""
 
     def __init__(self, start: Callable[[str], Any], emit: Callable[..., None]) -> None:
         self._start = start  # node -> a new standby actor pinned to it
@@ -40,14 +99,11 @@ class Standbys:
         return set(self.ready) | {n for _, n in self.starting.values()}
 
     def fill(self, nodes: set[str]) -> None:
-        """Start a standby on one of `nodes` that has none, unless one is starting."""
+        """Start a standby on each of `nodes` that has none, ready or starting."""
         self.poll()
-        if self.starting:
-            return
-        missing = sorted(nodes - self.nodes())
-        if missing:
-            actor = self._start(missing[0])
-            self.starting[actor.ready.remote()] = (actor, missing[0])
+        for node in sorted(nodes - self.nodes()):
+            actor = self._start(node)
+            self.starting[actor.ready.remote()] = (actor, node)
 
     def poll(self) -> None:
         """Take the standbys that became ready."""

@@ -27,7 +27,10 @@ SMALL = {
     "steps": 40,
     "seed": 7,
     "checkpoint": {"every_steps": 1},
-    "failure": {"max_restarts": 3},
+    # Standbys (on by default where memory allows) are off in these jobs, which test
+    # other things: their placements stay as written. test_standby.py and the chaos
+    # scenarios (examples/chaos/job.yaml) run with them.
+    "failure": {"max_restarts": 3, "standby": False},
     "config": {
         "batch_size": 8,
         "lr": 0.003,
