@@ -471,11 +471,12 @@ class WorkerPool:
         node = self.slots.node_of(slot) if slot is not None else None
         if node in self.standbys.ready:
             return self.standbys.take(node, rank)
-        nodes = set(self.standbys.ready) - self.bad_nodes()
+        bundle = worker_bundle(self.spec)
+        nodes = self.slots.room_for(bundle, set(self.standbys.ready) - self.bad_nodes())
         # A slot where there is room is placed in milliseconds; a rank that has a slot to
-        # start cold in does not wait long for room that is not there.
+        # start cold in does not wait long for room another job may have taken.
         wait_s = SLOT_CHECK_S if slot is None else STANDBY_SLOT_S
-        new = self.slots.add(worker_bundle(self.spec), nodes, wait_s) if nodes else None
+        new = self.slots.add(bundle, nodes, wait_s) if nodes else None
         if new is None:
             return None
         actor = self.standbys.take(self.slots.node_of(new), rank)

@@ -119,6 +119,26 @@ class Slots:
                 gone += 1
         return gone
 
+    def room_for(self, bundle: dict[str, float], nodes: set[str]) -> set[str]:
+        """Those of `nodes` whose resources (Ray's totals) hold one more `bundle` beside
+        this job's slots there. Other jobs' use is not known here: a node this names may
+        still turn out full (add() then times out); one it leaves out is certainly full."""
+        held: dict[str, dict[str, float]] = {}
+        for node in self._node.values():
+            for key, amount in bundle.items():
+                held.setdefault(node, {}).setdefault(key, 0.0)
+                held[node][key] += amount
+        totals = {n["NodeID"]: n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")}
+        return {
+            node
+            for node in nodes
+            if node in totals
+            and all(
+                totals[node].get(key, 0.0) - held.get(node, {}).get(key, 0.0) >= amount
+                for key, amount in bundle.items()
+            )
+        }
+
     def strategy(self, slot: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(self._groups[slot], placement_group_bundle_index=0)
 
