@@ -298,6 +298,14 @@ def test_example_scenario_passes(name, cluster, cache, tmp_path):
         assert len(verdict.faults) >= 12
         during = [r for r, f in zip(verdict.faults, sc.faults, strict=True) if f.get("during")]
         assert during and all(r.failures for r in during)
+        # A rank killed before it joined the group (during: rendezvous) does not hold the
+        # others until failure.abort_timeout_s (they were then all replaced).
+        assert _of(events, "abort_timeout") == []
+        # Standbys are on by default for this CPU job, and take ranks.
+        plans = _of(events, "standby_plan")
+        assert plans and all(p["enabled"] for p in plans), plans
+        vias = [r["via"] for e in _of(events, "replaced") for r in e["ranks"].values()]
+        assert "standby" in vias, vias
 
 
 def test_chaos_run_cli_on_a_cluster_it_did_not_start(cluster, cache, tmp_path):
