@@ -4,7 +4,8 @@ apart the copies are (the stride), and getting a stalled commit going again.
 Agents send each new shard to their peers by themselves (agent/replication.py). With
 checkpoint.max_lag_steps (the default) the stride is fixed by the bound (ckpt/replicas.py
 `bounded_stride`), every shard on its grid is sent and the ranks wait for their copies
-(worker/copy_wait.py): the commit cannot fall further behind. Without a bound the stride
+(worker/copy_wait.py): the commit cannot fall further behind, and a commit that does not
+move (a stalled link: the ranks wait) is only reported. Without a bound the stride
 follows the measured cost of a round of copies, and when the sending falls behind and each
 rank's copies are of a different step, nothing commits: the plan then names the newest step
 every rank holds in its own node's memory, which every agent sends next, and says so in an
@@ -168,6 +169,10 @@ class ReplicaPlan:
                 reason=f"no step reached {self.copies} nodes for {stalled_s:.0f} s "
                 f"(newest in every rank's own memory: {newest}, committed: {committed})",
             )
+        if self.bounded:
+            # Every step on the bound's grid is sent anyway and the ranks wait for their
+            # copies: an older step sent again would only be held (pinned) until sent.
+            return
         self.replicating = (newest, now)
         self.send(newest)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from stalwart.orchestrator.spec import CheckpointSpec
-from stalwart.orchestrator.supervisor.replica_plan import ReplicaPlan
+from stalwart.orchestrator.supervisor.replica_plan import REPLICATION_STALL_S, ReplicaPlan
 
 
 class _Call:
@@ -34,12 +34,12 @@ class _Clock:
         return self.now
 
 
-def _plan(every: int = 10, clock: _Clock | None = None):
+def _plan(every: int = 10, clock: _Clock | None = None, max_lag: int | None = 2):
     agents = {"a": _Agent(), "b": _Agent()}
     pool = SimpleNamespace(agents=agents, lost_nodes=set())
     events: list = []
     plan = ReplicaPlan(
-        CheckpointSpec(every_steps=every, replicas=2),
+        CheckpointSpec(every_steps=every, replicas=2, max_lag_steps=max_lag),
         pool,
         lambda kind, **f: events.append((kind, f)),
         clock=clock or _Clock(),
@@ -119,3 +119,20 @@ def test_the_plan_is_made_again_when_the_agents_report_which_shards_their_ranks_
     count = len(events)
     plan.sync()  # nothing changed: no new plan
     assert len(events) == count
+
+
+def test_a_stalled_commit_is_aligned_without_a_bound_and_only_reported_with_one():
+    for max_lag in (None, 2):
+        clock = _Clock()
+        plan, agents, events = _plan(every=1, clock=clock, max_lag=max_lag)
+        own = {0: {40, 41, 42}, 1: {40, 41, 42}}
+        plan.replicate(own, committed=39, statuses={})  # the commit moved to 39
+        clock.now += REPLICATION_STALL_S + 1  # and stayed there
+        plan.replicate(own, committed=39, statuses={"a": {"last_error": "peer b: refused"}})
+        [fields] = [f for kind, f in events if kind == "replication_behind"]
+        assert fields["newest_step"] == 42
+        assert fields["errors"] == {"a": "peer b: refused"}
+        if max_lag is None:
+            assert agents["a"].asked() == [42] and plan.replicating[0] == 42
+        else:  # every step is sent anyway; the ranks wait for theirs
+            assert agents["a"].asked() == [] and plan.replicating is None
