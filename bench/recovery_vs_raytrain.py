@@ -3,6 +3,7 @@
 
     python bench/recovery_vs_raytrain.py [--steps 200] [--kill-step 60] [--kill-rank 1]
         [--workers 4] [--out bench/results/recovery_vs_raytrain.json] [--repeats 1]
+        [--set failure.standby=false]
 
 All runs train the quickstart's model (examples/gpt, settings read from examples/quickstart.yaml)
 on the same data (``synthetic_batch`` indexed by step and rank), with the same optimizer (AdamW,
@@ -246,20 +247,20 @@ def phase_stalwart(
     kill: bool,
     every: int | None = None,
     spares: int | None = None,
-    standby: bool = False,
+    standby: bool | None = None,
 ) -> dict[str, Any]:
     from stalwart.orchestrator.driver import RunOptions, run_job
     from stalwart.orchestrator.spec import load_spec
 
     timing = work / "stalwart-steps"
     timing.mkdir(exist_ok=True)
-    overrides = [f"steps={args.steps}", f"workers={args.workers}"]
+    overrides = [f"steps={args.steps}", f"workers={args.workers}", *args.set]
     if every is not None:
         overrides.append(f"checkpoint.every_steps={every}")
     if spares is not None:
         overrides.append(f"failure.spares={spares}")
-    if standby:
-        overrides.append("failure.standby=true")
+    if standby is not None:  # None: the default (on where memory allows)
+        overrides.append(f"failure.standby={str(standby).lower()}")
     if kill:
         overrides.append(
             f"chaos.faults=[{{kind: kill_worker, rank: {args.kill_rank}, "
@@ -791,6 +792,7 @@ def _common_args(args: argparse.Namespace) -> list[str]:
         f"--warmup={args.warmup}",
         f"--ckpt-every={args.ckpt_every}",
         f"--phase-timeout={args.phase_timeout}",
+        *(f"--set={kv}" for kv in args.set),
     ]
 
 
@@ -1058,6 +1060,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         help="steady-state runs per system, interleaved; the lowest median counts",
     )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a job spec override for stalwart's runs (repeatable), e.g. failure.standby=false",
+    )
     p.add_argument("--keep", action="store_true", help="keep the scratch directory and logs")
     p.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
     p.add_argument("--phase-out", type=Path, help=argparse.SUPPRESS)
@@ -1089,7 +1098,9 @@ def run_phase_here(args: argparse.Namespace) -> int:
         ),
         "stalwart-kill": lambda: phase_stalwart(args, args.work, kill=True),
         # The same kill with no warm spare: the replacement is a new process (cold start).
-        "stalwart-kill-cold": lambda: phase_stalwart(args, args.work, kill=True, spares=0),
+        "stalwart-kill-cold": lambda: phase_stalwart(
+            args, args.work, kill=True, spares=0, standby=False
+        ),
         # No spare, but a standby (failure.standby): a pre-started process takes the rank.
         "stalwart-kill-standby": lambda: phase_stalwart(
             args, args.work, kill=True, spares=0, standby=True
