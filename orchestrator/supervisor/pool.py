@@ -221,13 +221,18 @@ class WorkerPool:
         for node in sorted(self.slots.nodes()):
             self._time_span("agents", self.ensure_agent(node).ping.remote(), created)
         node_of_rank = {r: self.slots.node_of(r) for r in range(self.world)}
-        rooms = ask_rooms(self.slots.nodes(), spec.checkpoint.shm_dir, self.agents)
+        # The nodes' memory: before any worker starts where the job states its checkpoints'
+        # size (the preflight may refuse it), else while they start (for the standbys).
+        sized = spec.checkpoint.state_size_per_rank is not None
+        rooms = ask_rooms(self.slots.nodes(), spec.checkpoint.shm_dir, self.agents) if sized else {}
         check_memory(spec, node_of_rank, rooms)
         for rank in range(self.world):
             self.bundle_of[rank] = rank
             self.workers[rank] = self.create_worker(rank, rank)
         for bundle_index in range(self.world, n_bundles):
             self.warm.start(bundle_index)
+        if not sized and spec.failure.standby is None and not spec.resources.gpu:
+            rooms = ask_rooms(self.slots.nodes(), spec.checkpoint.shm_dir, self.agents)
         ranks_on = Counter(node_of_rank.values())
         self.standby_on, why = choose(
             spec.failure.standby,

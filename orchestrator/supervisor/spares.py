@@ -4,9 +4,9 @@ slot of the job's room and take a lost rank's place without starting a process.
 The pool (supervisor/pool.py) starts them with the job and asks for one when it replaces a
 rank. A used spare is started again once the recovery's replacements have their places (a
 refill must never take the room a lost rank needs): `refills` holds the freed slots until
-then. A spare that failed to start or died with its node is started again too, up to
-RESTARTS per spare the job has: one that cannot start at all (its entrypoint does not
-import) must not be started forever.
+then. A spare lost with its node is started again elsewhere; one that failed to start is
+started again too, up to RESTARTS per spare the job has in a row (a spare that cannot start
+at all, its entrypoint does not import, must not be started forever).
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ class Spares:
                 self.lost(slot)
                 continue
             self.ready.append((actor, slot, info["node_id"]))
+            self.failures = 0  # it can start: only failures in a row count
             self._clock.spare_ready(slot, info.get("boot", {}))
             self._emit("spare_ready", bundle=slot, node=info["node_id"], spares=len(self.ready))
 
@@ -96,8 +97,8 @@ class Spares:
         return None
 
     def lost(self, slot: int | None) -> None:
-        """A spare failed to start or died with its node: start another by the next
-        refill (within RESTARTS per spare)."""
+        """A spare failed to start: start another by the next refill, unless spares have
+        failed to start RESTARTS times per spare in a row."""
         self.failures += 1
         if self.failures <= RESTARTS * self._per_job:
             self.refills.append(slot)
@@ -127,7 +128,7 @@ class Spares:
         self.ready = [s for s in self.ready if s[2] != node]
         for actor, slot, _ in dropped:
             ray.kill(actor, no_restart=True)
-            self.lost(slot)
+            self.refills.append(slot)  # not its failure: always started again
         return len(dropped)
 
     def slots(self) -> set[int]:

@@ -18,7 +18,7 @@ class _Actor:
         self.slot = slot
         self.ready = self  # .ready.remote() -> a "ref": the actor itself
 
-    def remote(self):
+    def remote(self, *args):
         return self
 
 
@@ -43,6 +43,7 @@ def _spares(monkeypatch, per_job=1, bad=frozenset()):
 
 
 def test_spares_lost_with_their_node_are_started_again_by_the_next_refill(monkeypatch):
+    """(Not during a recovery: its replacements take the room first.)"""
     warm, killed, started = _spares(monkeypatch, per_job=2)
     a, b, c = _Actor(4), _Actor(9), _Actor(5)
     warm.ready = [(a, 4, "n1"), (b, 9, "n1"), (c, 5, "n2")]
@@ -60,6 +61,24 @@ def test_a_spare_that_keeps_failing_is_given_up_after_its_restarts(monkeypatch):
         warm.lost(4)
         warm.refill()
     assert started == [4] * RESTARTS
+
+
+def test_only_failures_in_a_row_count_and_lost_nodes_never(monkeypatch):
+    warm, _, started = _spares(monkeypatch, per_job=1)
+    for _ in range(RESTARTS - 1):
+        warm.lost(4)
+    monkeypatch.setattr(spares_mod.ray, "wait", lambda refs, **kw: (list(refs), []))
+    monkeypatch.setattr(spares_mod.ray, "get", lambda ref, timeout=None: {"node_id": "n1"})
+    ok = _Actor(4)
+    ok.attach = ok  # attach.remote(agent) -> a "ref"
+    warm.starting = {ok: (ok, 4)}
+    warm.check()  # one started: the count starts again
+    assert warm.failures == 0 and [s for _, s, _ in warm.ready] == [4]
+    for _ in range(10):  # its node lost, over and over: always started again
+        warm.drop_node("n1")
+        warm.ready = [(_Actor(4), 4, "n1")]
+    warm.refill()
+    assert len(started) == RESTARTS - 1 + 10
 
 
 def test_nodes_are_the_healthy_ones_with_a_ready_spare(monkeypatch):
