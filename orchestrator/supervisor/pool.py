@@ -430,7 +430,7 @@ class WorkerPool:
             freed = self.bundle_of[rank]
             spare = self.warm.take(rank)
             if spare is None:
-                self._await_warm()
+                self._await_warm(self.slots.node_of(freed) if freed is not None else None)
                 spare = self.warm.take(rank)
             if spare is not None:
                 self.workers[rank], self.bundle_of[rank] = spare
@@ -448,15 +448,15 @@ class WorkerPool:
             placed[rank] = "bundle" if self.bundle_of[rank] is not None else "healthy node"
         return used_spares, placed
 
-    def _await_warm(self) -> None:
-        """No spare and no standby ready on a healthy node, but some starting (a failure
-        early in the job, or soon after another took them): wait for the first, as long as
-        a worker started now would take to start (the ranks' boot took that long)."""
-        bad = self.bad_nodes()
+    def _await_warm(self, node: str | None) -> None:
+        """No spare, and no standby the rank (whose slot was on `node`) could take, ready;
+        but some starting (a failure early in the job, or soon after another took them):
+        wait for the first, as long as a worker started now would take to start (the ranks'
+        boot took that long)."""
         limit = self.spec.failure.replacement_timeout_s
         deadline = time.monotonic() + min(self.clock.boot_seconds() or limit, limit)
         while self.warm.starting or self.standbys.starting:
-            if self.warm.nodes() or set(self.standbys.ready) - bad:
+            if self.warm.nodes() or self._standby_for(node):
                 return
             left = deadline - time.monotonic()
             if left <= 0:
@@ -465,6 +465,14 @@ class WorkerPool:
             ray.wait(starting, num_returns=1, timeout=left)
             self.warm.check()
             self.standbys.poll()
+
+    def _standby_for(self, node: str | None) -> bool:
+        """A ready standby a rank whose slot was on `node` could take: that node's, or one
+        on a healthy node with room for a new slot."""
+        ready = set(self.standbys.ready) - self.bad_nodes()
+        if node in ready:
+            return True
+        return bool(ready) and bool(self.slots.room_for(worker_bundle(self.spec), ready))
 
     def _from_standby(self, rank: int) -> Any | None:
         """A ready standby now holding `rank`: its node's in the rank's slot, else one on
