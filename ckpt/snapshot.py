@@ -241,24 +241,32 @@ def copy_tensors(views: list[torch.Tensor], tensors: list[torch.Tensor]) -> None
 
 
 def restore(
-    snapshot: Snapshot, device: torch.device | str = "cpu", rebuild: Rebuild = dtensor.no_meshes
+    snapshot: Snapshot,
+    device: torch.device | str = "cpu",
+    rebuild: Rebuild = dtensor.no_meshes,
+    borrow: bool = False,
 ) -> Any:
     """Rebuild the nested state with fresh tensors (copies, safe to keep); `rebuild` makes
-    a DTensor's shard a DTensor again (dtensor.rebuilder: on the job's live meshes)."""
+    a DTensor's shard a DTensor again (dtensor.rebuilder: on the job's live meshes).
+    `borrow`: a CPU tensor is a read-only view of the payload instead of a copy, valid as
+    long as the payload is and never to be kept (worker/restore.py copies out of it)."""
     skeleton = SkeletonUnpickler(snapshot.skeleton, TensorRef).load()
     with warnings.catch_warnings():
-        # A payload read from Ray's object store is read-only; every tensor below is a
-        # clone, so nothing writes through this view.
+        # A payload read from Ray's object store (or mapped from a node's file) is
+        # read-only; a tensor below is a clone, or a view its borrower only reads.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         raw = torch.as_tensor(_as_numpy(snapshot.payload))
     tensors = []
     for m in snapshot.metas:
         dtype = getattr(torch, m.dtype)
+        target = m.device if m.device.startswith("cpu") else device
         if m.nbytes == 0:
             t = torch.empty(m.shape, dtype=dtype)
         else:
-            t = raw[m.offset : m.offset + m.nbytes].view(dtype).view(m.shape).clone()
-        target = m.device if m.device.startswith("cpu") else device
+            t = raw[m.offset : m.offset + m.nbytes].view(dtype).view(m.shape)
+            # A copy to another device is a copy already.
+            if not borrow and torch.device(target).type == "cpu":
+                t = t.clone()
         tensors.append(t.to(target))
     return _join(skeleton, tensors, rebuild)
 

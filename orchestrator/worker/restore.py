@@ -12,6 +12,7 @@ states, counters, objects that are not sharded) is the rank's own, as usual.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -43,7 +44,8 @@ def restore_objects(
     rebuild = dtensor.rebuilder(dtensor.meshes_of(objects.values()))
     sharded: list[str] = []
     try:
-        state = restore(snap, device, rebuild)
+        # Borrowed: the tensors are views of the payload, copied out below (load_into).
+        state = restore(snap, device, rebuild, borrow=True)
     except dtensor.MeshChanged as e:
         source = resharded()
         if source is None:
@@ -54,7 +56,7 @@ def restore_objects(
         from stalwart.ckpt import reshard  # torch.distributed.checkpoint: 0.5 s to import
 
         reader, where = source
-        state = restore(snap, device, _skip_shard)
+        state = restore(snap, device, _skip_shard, borrow=True)
         sharded = [n for n, v in views.items() if isinstance(v, ShardedModel | ShardedOptimizer)]
         reshard.load(views, sharded, reader, where)
     for name, view in views.items():
@@ -64,10 +66,65 @@ def restore_objects(
                 f"between generations ({sorted(state['objects'])})"
             )
         if name not in sharded:
-            view.load_state_dict(state["objects"][name])
+            load_into(view, state["objects"][name])
         obj = objects[name]
         if isinstance(obj, torch.nn.Module):
             obj.zero_grad(set_to_none=True)
+    # What the caller applies (random states, counters, step): its own copies.
+    return owned({k: v for k, v in state.items() if k != "objects"})
+
+
+def load_into(view: Any, state: Any) -> None:
+    """Load `state`, whose tensors are borrowed views of a snapshot's payload, into a
+    registered object without keeping any of them: a module copies them into its own
+    tensors; a torch optimizer's state is copied into the tensors it already has where
+    they match (a survivor's: no allocation), else into copies; any other object (a
+    sharded one, a user's) gets copies, as it may keep what it is given."""
+    if isinstance(view, torch.nn.Module):
+        view.load_state_dict(state)
+    elif isinstance(view, torch.optim.Optimizer) and isinstance(state.get("state"), dict):
+        view.load_state_dict(_into_optimizer_tensors(view, state))
+    else:
+        view.load_state_dict(owned(state))
+
+
+def _into_optimizer_tensors(opt: torch.optim.Optimizer, state: dict[str, Any]) -> dict:
+    """`state` (an optimizer's state dict, borrowed) with each tensor copied into the
+    optimizer's live tensor of the same parameter and key when that has the same shape,
+    dtype and device (load_state_dict then keeps it as it is), else into a copy."""
+    live = opt.state_dict()["state"]  # the live tensors, not copies
+    out = {}
+    for pid, per_param in state.get("state", {}).items():
+        have = live.get(pid, {})
+        out[pid] = {}
+        for key, value in per_param.items():
+            mine = have.get(key)
+            if (
+                type(value) is torch.Tensor  # not a DTensor, nor a subclass
+                and type(mine) is torch.Tensor
+                and (mine.shape, mine.dtype, mine.device)
+                == (value.shape, value.dtype, value.device)
+            ):
+                out[pid][key] = mine.copy_(value)
+            else:
+                out[pid][key] = owned(value)
+    return {**state, "state": out}
+
+
+def owned(state: Any) -> Any:
+    """`state` with every tensor in it copied (nested dicts, lists and tuples, their types
+    and a state dict's `_metadata` kept)."""
+    if isinstance(state, torch.Tensor):
+        return state.clone()
+    if isinstance(state, dict):
+        out = copy.copy(state)  # an OrderedDict's attributes (a module's _metadata) too
+        for k, v in state.items():
+            out[k] = owned(v)
+        return out
+    if isinstance(state, tuple) and hasattr(state, "_fields"):  # a namedtuple
+        return type(state)(*(owned(v) for v in state))
+    if isinstance(state, list | tuple):
+        return type(state)(owned(v) for v in state)
     return state
 
 
