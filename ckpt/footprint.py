@@ -130,8 +130,15 @@ def judge(need: NodeNeed, mem_available: int | None, shm_free: int | None) -> st
     )
 
 
-def mem_available(meminfo: str = "/proc/meminfo") -> int | None:
-    """This machine's MemAvailable in bytes (None where the kernel does not say)."""
+def mem_available(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """The memory this process's machine can still give it, in bytes: MemAvailable, or less
+    where its memory cgroup (a Kubernetes pod's limit) leaves less; None where neither says.
+    In a container /proc/meminfo is the host's: the pod's limit is what counts."""
+    found = [v for v in (_meminfo_available(meminfo), cgroup_room(cgroup)) if v is not None]
+    return min(found) if found else None
+
+
+def _meminfo_available(meminfo: str) -> int | None:
     try:
         with open(meminfo) as f:
             for line in f:
@@ -139,6 +146,64 @@ def mem_available(meminfo: str = "/proc/meminfo") -> int | None:
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    return None
+
+
+NO_LIMIT = 1 << 60  # cgroup v1 reports "no limit" as a number near 2**63
+
+
+def cgroup_room(root: str = "/sys/fs/cgroup", self_cgroup: str = "/proc/self/cgroup") -> int | None:
+    """What this process's memory cgroup allows beyond its use (the limit, less the usage
+    that cannot be reclaimed: the inactive page cache is left out); None without a limit.
+    cgroup v2 (memory.max) or v1 (memory/memory.limit_in_bytes), at the process's own
+    cgroup (/proc/self/cgroup) or, in a container's namespace, the root."""
+    v2, v1 = "", ""
+    try:
+        with open(self_cgroup) as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controllers == "":
+                    v2 = path
+                elif "memory" in controllers.split(","):
+                    v1 = path
+    except (OSError, ValueError):
+        pass
+    candidates = [
+        (os.path.join(root, v2.lstrip("/")), "memory.max", "memory.current", "inactive_file"),
+        (root, "memory.max", "memory.current", "inactive_file"),
+        (
+            os.path.join(root, "memory", v1.lstrip("/")),
+            "memory.limit_in_bytes",
+            "memory.usage_in_bytes",
+            "total_inactive_file",
+        ),
+        (
+            os.path.join(root, "memory"),
+            "memory.limit_in_bytes",
+            "memory.usage_in_bytes",
+            "total_inactive_file",
+        ),
+    ]
+    for folder, limit_file, usage_file, inactive_key in candidates:
+        try:
+            with open(os.path.join(folder, limit_file)) as f:
+                raw = f.read().strip()
+            if raw == "max" or int(raw) >= NO_LIMIT:
+                continue
+            with open(os.path.join(folder, usage_file)) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        inactive = 0
+        try:
+            with open(os.path.join(folder, "memory.stat")) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == inactive_key:
+                        inactive = int(value)
+        except (OSError, ValueError):
+            pass
+        return max(0, int(raw) - (usage - inactive))
     return None
 
 
