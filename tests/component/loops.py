@@ -47,6 +47,26 @@ def slow_step_loop(ctx) -> None:
     gpt_loop(ctx)
 
 
+def held_loop(ctx) -> None:
+    """The GPT loop, except that in the first generation every rank waits before step
+    `hold_at` until the file `release` exists (at most 120 s): a test sees the job running
+    for as long as it needs, however slow its polls are."""
+    import os
+    import time
+
+    original = ctx.report
+
+    def report(**metrics):
+        original(**metrics)
+        if ctx.progress.step + 1 == ctx.config["hold_at"] and ctx.generation == 1:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(ctx.config["release"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    ctx.report = report
+    gpt_loop(ctx)
+
+
 class _LockedSampler:
     """A sampler-like object whose state_dict() holds what no checkpoint can keep."""
 

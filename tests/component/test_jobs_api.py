@@ -191,8 +191,19 @@ SMALL = [
 def test_a_submitted_job_trains_on_after_its_follower_is_killed_and_is_seen_to_the_end(
     head, tmp_path
 ):
-    # The quickstart as a user submits it: rank 1 killed at step 60, chaos opted in.
-    job = submit(head, *SMALL, "steps=140", "chaos.enabled=true")
+    # The quickstart as a user submits it: rank 1 killed at step 60, chaos opted in. Its
+    # ranks wait before step 12 until the test has seen it running (a few status calls of
+    # a busy machine outlast the whole run otherwise).
+    release = tmp_path / "release"
+    job = submit(
+        head,
+        *SMALL,
+        "steps=140",
+        "chaos.enabled=true",
+        "entrypoint=tests.component.loops:held_loop",
+        "config.hold_at=12",
+        f"config.release={release}",
+    )
     # A follower on the laptop (logs -f), killed mid-run: the job does not depend on it.
     follower = subprocess.Popen(
         [str(BIN / "stalwart"), "logs", job, "-f", "--address", head.address],
@@ -212,6 +223,7 @@ def test_a_submitted_job_trains_on_after_its_follower_is_killed_and_is_seen_to_t
     assert running["job"]["name"] == "quickstart"
     follower.send_signal(signal.SIGKILL)
     follower.wait(timeout=10)
+    release.touch()
 
     # By name, as well as by id, until the end.
     ended = wait_for(head, "quickstart", lambda s: s["result"] is not None, "the result")
