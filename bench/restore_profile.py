@@ -8,9 +8,10 @@ a file in /dev/shm as a node agent keeps it, and restored from that file mapped 
 (ckpt/store.py read_in_place) the way a rank restores its own shard: the checksum pass,
 ``restore()`` (the tensors rebuilt from the payload), then the model's and the optimizer's
 load, both ways: copied out of the payload first (as before), or borrowed (views of the
-payload copied into the tensors the objects already have). Two cases: a survivor (the
-process that trained: its model and its optimizer's state exist) and a fresh process (a
-spare or standby taking the rank: the model built, the optimizer without state yet).
+payload copied into the tensors the objects have). Two cases: a survivor (the process
+that trained: the loop builds its model and optimizer again, and the last generation's
+optimizer and its state still exist) and a fresh process (a spare or standby taking the
+rank: the model built, an optimizer without state, nothing before it).
 Every figure is the median of --repeats. Nothing else runs: this is the phase alone,
 without a second rank restoring beside it.
 """
@@ -76,7 +77,8 @@ def measure(
     from stalwart.ckpt.snapshot import TensorMeta
     from stalwart.orchestrator.worker.restore import load_into
 
-    model, opt = build(mb, trained=trained)
+    model, opt = build(mb, trained=False)  # the loop builds its objects again
+    retired = [build(mb, trained=True)[1]] if trained else []  # the last generation's
     metas = tuple(TensorMeta(**m) for m in where["metas"])
     phases: dict[str, list[float]] = {}
     for _ in range(repeats):
@@ -96,7 +98,7 @@ def measure(
                 model.load_state_dict(objects["model"])
             t3 = time.perf_counter()
             if borrow:
-                load_into(opt, objects["optimizer"])
+                load_into(opt, objects["optimizer"], retired)
             else:
                 opt.load_state_dict(objects["optimizer"])
             t4 = time.perf_counter()
@@ -109,6 +111,7 @@ def measure(
             ):
                 phases.setdefault(name, []).append(seconds)
             del state, objects, snap, payload
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # built again, no state
     return {k: round(statistics.median(v), 4) for k, v in phases.items()}
 
 

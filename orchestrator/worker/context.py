@@ -195,6 +195,7 @@ class TrainContext:
         self._on_step = on_step
         self._objects: dict[str, Any] = {}  # name -> what the loop registered
         self._views: dict[str, Any] = {}  # name -> what is checkpointed for it
+        self._retired: list[torch.optim.Optimizer] = []  # see begin_generation
         self._unguard: dict[str, Callable[[], None]] = {}  # name -> removes its GPU guard
         self._ddp: dict[int, torch.nn.Module] = {}
         self._restore_step: int | None = None
@@ -263,6 +264,14 @@ class TrainContext:
         self._restore_step = restore_step
         self._faults = [f for f in faults if f["rank"] == self.rank]
         self._interrupt = None
+        # The last generation's optimizers, whose state tensors the restore copies into
+        # instead of allocating the new ones' (worker/restore.py load_into); let go of
+        # once restored, as before.
+        self._retired = (
+            [v for v in self._views.values() if isinstance(v, torch.optim.Optimizer)]
+            if restore_step is not None
+            else []
+        )
         self._objects, self._views = {}, {}
         self.progress.recent.clear()
         self.progress.restored_at = None
@@ -472,12 +481,20 @@ class TrainContext:
             )
         try:
             state = restore_objects(
-                snap, self._objects, self._views, self.device, self._resharded, self.rank
+                snap,
+                self._objects,
+                self._views,
+                self.device,
+                self._resharded,
+                self.rank,
+                self._retired,
             )
         except (dtensor.MeshChanged, CheckpointMismatch):
             raise  # the loop's layout or the checkpoint's model, not the copy
         except Exception as e:
             raise RestoreFailed(step, f"it does not load: {type(e).__name__}: {e}") from None
+        finally:
+            self._retired = []
         apply_rng(state["rng"])
         counters = state.get("counters")  # absent from snapshots of older versions
         if counters is not None:

@@ -13,7 +13,7 @@ states, counters, objects that are not sharded) is the rank's own, as usual.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -38,6 +38,7 @@ def restore_objects(
     device: torch.device,
     resharded: ReshardSource,
     rank: int,
+    retired: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """Load `snap` into the registered objects (`views`: what ctx.register checkpoints for
     each); returns the snapshot's state (rng, counters, step) for the caller to apply."""
@@ -66,7 +67,7 @@ def restore_objects(
                 f"between generations ({sorted(state['objects'])})"
             )
         if name not in sharded:
-            load_into(view, state["objects"][name])
+            load_into(view, state["objects"][name], retired)
         obj = objects[name]
         if isinstance(obj, torch.nn.Module):
             obj.zero_grad(set_to_none=True)
@@ -74,40 +75,60 @@ def restore_objects(
     return owned({k: v for k, v in state.items() if k != "objects"})
 
 
-def load_into(view: Any, state: Any) -> None:
+def load_into(view: Any, state: Any, retired: Sequence[Any] = ()) -> None:
     """Load `state`, whose tensors are borrowed views of a snapshot's payload, into a
     registered object without keeping any of them: a module copies them into its own
     tensors; a torch optimizer's state is copied into the tensors it already has where
-    they match (a survivor's: no allocation), else into copies; any other object (a
-    sharded one, a user's) gets copies, as it may keep what it is given."""
+    they match, else into tensors of the same kind the `retired` optimizers (the last
+    generation's, which the loop built again) no longer need, else into copies: a
+    survivor allocates nothing. Any other object (a sharded one, a user's) gets copies,
+    as it may keep what it is given."""
     if isinstance(view, torch.nn.Module):
         view.load_state_dict(state)
     elif isinstance(view, torch.optim.Optimizer) and isinstance(state.get("state"), dict):
-        view.load_state_dict(_into_optimizer_tensors(view, state))
+        view.load_state_dict(_into_optimizer_tensors(view, state, retired))
     else:
         view.load_state_dict(owned(state))
 
 
-def _into_optimizer_tensors(opt: torch.optim.Optimizer, state: dict[str, Any]) -> dict:
+def _plain(t: Any) -> bool:
+    return type(t) is torch.Tensor  # not a DTensor, nor another subclass
+
+
+def _into_optimizer_tensors(
+    opt: torch.optim.Optimizer, state: dict[str, Any], retired: Sequence[Any]
+) -> dict:
     """`state` (an optimizer's state dict, borrowed) with each tensor copied into the
     optimizer's live tensor of the same parameter and key when that has the same shape,
-    dtype and device (load_state_dict then keeps it as it is), else into a copy."""
+    dtype and device (load_state_dict then keeps it as it is), else into a retired
+    optimizer's tensor of that kind, else into a copy."""
     live = opt.state_dict()["state"]  # the live tensors, not copies
+    taken = {id(t) for per in live.values() for t in per.values() if _plain(t)}
+    spare: dict[tuple, list[torch.Tensor]] = {}
+    for old in retired:
+        if old is opt:
+            continue
+        for per in old.state.values():
+            for t in per.values():
+                if _plain(t) and id(t) not in taken:
+                    taken.add(id(t))
+                    spare.setdefault((t.shape, t.dtype, t.device), []).append(t)
     out = {}
     for pid, per_param in state.get("state", {}).items():
         have = live.get(pid, {})
         out[pid] = {}
         for key, value in per_param.items():
-            mine = have.get(key)
-            if (
-                type(value) is torch.Tensor  # not a DTensor, nor a subclass
-                and type(mine) is torch.Tensor
-                and (mine.shape, mine.dtype, mine.device)
-                == (value.shape, value.dtype, value.device)
-            ):
-                out[pid][key] = mine.copy_(value)
-            else:
+            if not _plain(value):
                 out[pid][key] = owned(value)
+                continue
+            kind = (value.shape, value.dtype, value.device)
+            mine = have.get(key)
+            if _plain(mine) and (mine.shape, mine.dtype, mine.device) == kind:
+                out[pid][key] = mine.copy_(value)
+            elif spare.get(kind):
+                out[pid][key] = spare[kind].pop().copy_(value)
+            else:
+                out[pid][key] = value.clone()
     return {**state, "state": out}
 
 

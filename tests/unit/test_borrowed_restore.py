@@ -1,7 +1,8 @@
 """A restore copies the snapshot's tensors once, into the objects' own (orchestrator/worker/
 restore.py load_into): restore() hands out views of the payload (borrowed), a module copies
-them into its parameters, a torch optimizer that already has its state (a survivor) gets
-it copied into the same tensors, and anything that may keep what it is given gets copies.
+them into its parameters, a torch optimizer gets its state copied into the tensors it has,
+or the last generation's optimizer had (a survivor allocates nothing), and anything that
+may keep what it is given gets copies.
 Nothing may end up pointing into the payload: the ring reuses its slot for a later step."""
 
 from __future__ import annotations
@@ -62,34 +63,43 @@ def _tensors(state):
             yield from _tensors(v)
 
 
-@pytest.mark.parametrize("survivor", [True, False])
-def test_a_borrowed_restore_goes_on_bit_for_bit_and_keeps_nothing_of_the_payload(survivor):
+def _built(seed: int = 1):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize("case", ["survivor", "same objects", "fresh process"])
+def test_a_borrowed_restore_goes_on_bit_for_bit_and_keeps_nothing_of_the_payload(case):
     model, opt = _trained()
     snap = _snapshot(model, opt)
     reference = copy.deepcopy((model, opt))
-    # A survivor trained on past the snapshot (its state exists, with other values); a
-    # fresh process (a spare) has the model built and an optimizer without state.
-    if survivor:
+    retired = []
+    if case == "survivor":  # the loop built its objects again; the last ones are retired
+        old_model, old_opt = _trained()
+        _step(old_model, old_opt, 99)
+        retired = [old_opt]
+        before = {id(t) for s in old_opt.state.values() for t in s.values()}
+        live_model, live_opt = _built()
+    elif case == "same objects":  # a loop that keeps its objects across generations
         live_model, live_opt = _trained()
         _step(live_model, live_opt, 99)
+        retired = [live_opt]
         before = {id(t) for s in live_opt.state.values() for t in s.values()}
-    else:
-        torch.manual_seed(1)
-        live_model = torch.nn.Sequential(
-            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)
-        )
-        live_opt = torch.optim.AdamW(live_model.parameters(), lr=0.01)
+    else:  # a spare: the model built, an optimizer without state, nothing retired
+        live_model, live_opt = _built()
     params = [id(p) for p in live_model.parameters()]
 
     state = restore(snap, borrow=True)
     assert all(_inside(t, snap.payload) for t in _tensors(state["objects"]))
-    load_into(live_model, state["objects"]["model"])
-    load_into(live_opt, state["objects"]["optimizer"])
+    load_into(live_model, state["objects"]["model"], retired)
+    load_into(live_opt, state["objects"]["optimizer"], retired)
 
     assert [id(p) for p in live_model.parameters()] == params
     held = [t for s in live_opt.state.values() for t in s.values() if torch.is_tensor(t)]
     assert held and not any(_inside(t, snap.payload) for t in held)
-    if survivor:  # copied into the tensors it had: nothing allocated
+    assert len({id(t) for t in held}) == len(held)  # no tensor serves two
+    if case != "fresh process":  # copied into tensors that were there: nothing allocated
         assert {id(t) for t in held} == before
     # The payload's slot is reused for a later step: what was restored does not change.
     snap.payload.fill_(7)
