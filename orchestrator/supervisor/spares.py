@@ -22,7 +22,17 @@ from stalwart.orchestrator.supervisor.startup import StartupClock
 RESTARTS = 3
 ATTACH_TIMEOUT_S = 30.0
 ASSUME_TIMEOUT_S = 10.0
-_GONE = (RayActorError, ActorUnavailableError, GetTimeoutError)
+# A pre-started worker that is gone, cannot be reached or does not answer in time.
+GONE = (RayActorError, ActorUnavailableError, GetTimeoutError)
+
+
+def finished(starting: dict[Any, Any]) -> list[tuple[Any, Any]]:
+    """The (ready() ref, what it started) of `starting` whose ready() has returned or
+    failed by now, taken out of it (spares here, standbys in supervisor/standby.py)."""
+    if not starting:
+        return []
+    done, _ = ray.wait(list(starting), num_returns=len(starting), timeout=0)
+    return [(ref, starting.pop(ref)) for ref in done]
 
 
 class Spares:
@@ -58,18 +68,14 @@ class Spares:
 
     def check(self) -> None:
         """Take the spares that became ready (attached to their node's agent)."""
-        if not self.starting:
-            return
-        done, _ = ray.wait(list(self.starting), num_returns=len(self.starting), timeout=0)
-        for ref in done:
-            actor, slot = self.starting.pop(ref)
+        for ref, (actor, slot) in finished(self.starting):
             try:
                 info = ray.get(ref)
                 ray.get(
                     actor.attach.remote(self._agent_of(info["node_id"])),
                     timeout=ATTACH_TIMEOUT_S,
                 )
-            except _GONE as e:
+            except GONE as e:
                 self._emit("spare_failed", bundle=slot, message=actor_error_text(e))
                 self.lost(slot)
                 continue
@@ -88,7 +94,7 @@ class Spares:
             self.ready.remove(entry)
             try:
                 ray.get(actor.assume.remote(rank), timeout=ASSUME_TIMEOUT_S)
-            except _GONE as e:
+            except GONE as e:
                 self._emit("spare_failed", bundle=slot, message=actor_error_text(e))
                 ray.kill(actor, no_restart=True)
                 self.refills.append(slot)

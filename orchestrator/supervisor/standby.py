@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
-ASSUME_TIMEOUT_S = 10.0
+from stalwart.orchestrator.supervisor.spares import ASSUME_TIMEOUT_S, GONE, finished
+
 GIB = 1024**3
 # What a standby costs: an idle TrainWorker's RSS is ~0.37 GiB (torch and stalwart
 # imported, Ray's worker; docs/benchmarks.md), rounded up. Auto keeps a node's standby only
@@ -82,9 +82,6 @@ def choose(
     )
 
 
-_GONE = (RayActorError, ActorUnavailableError, GetTimeoutError)
-
-
 class Standbys:
     """Node -> its ready standby, and those starting."""
 
@@ -107,14 +104,10 @@ class Standbys:
 
     def poll(self) -> None:
         """Take the standbys that became ready."""
-        if not self.starting:
-            return
-        done, _ = ray.wait(list(self.starting), num_returns=len(self.starting), timeout=0)
-        for ref in done:
-            actor, node = self.starting.pop(ref)
+        for ref, (actor, node) in finished(self.starting):
             try:
                 ray.get(ref)
-            except _GONE as e:
+            except GONE as e:
                 self._emit("standby_failed", node=node, message=str(e).strip()[-400:])
                 continue
             self.ready[node] = actor
@@ -128,7 +121,7 @@ class Standbys:
             return None
         try:
             ray.get(actor.assume.remote(rank), timeout=ASSUME_TIMEOUT_S)
-        except _GONE as e:
+        except GONE as e:
             self._emit("standby_failed", node=node, message=str(e).strip()[-400:])
             ray.kill(actor, no_restart=True)
             return None
