@@ -168,21 +168,13 @@ def cgroup_room(root: str = "/sys/fs/cgroup", self_cgroup: str = "/proc/self/cgr
                     v1 = path
     except (OSError, ValueError):
         pass
+    v2_files = ("memory.max", "memory.current", "inactive_file")
+    v1_root = os.path.join(root, "memory")
+    v1_files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
     candidates = [
-        (os.path.join(root, v2.lstrip("/")), "memory.max", "memory.current", "inactive_file"),
-        (root, "memory.max", "memory.current", "inactive_file"),
-        (
-            os.path.join(root, "memory", v1.lstrip("/")),
-            "memory.limit_in_bytes",
-            "memory.usage_in_bytes",
-            "total_inactive_file",
-        ),
-        (
-            os.path.join(root, "memory"),
-            "memory.limit_in_bytes",
-            "memory.usage_in_bytes",
-            "total_inactive_file",
-        ),
+        (os.path.join(base, path.lstrip("/")), *files)
+        for base, own, files in ((root, v2, v2_files), (v1_root, v1, v1_files))
+        for path in (own, "/")  # its own cgroup, then the namespace's root
     ]
     for folder, limit_file, usage_file, inactive_key in candidates:
         try:

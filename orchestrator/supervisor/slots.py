@@ -15,6 +15,7 @@ removed one by one; no group is ever left re-placing a bundle.
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import ray
 from ray.exceptions import GetTimeoutError
@@ -123,18 +124,14 @@ class Slots:
         """Those of `nodes` whose resources (Ray's totals) hold one more `bundle` beside
         this job's slots there. Other jobs' use is not known here: a node this names may
         still turn out full (add() then times out); one it leaves out is certainly full."""
-        held: dict[str, dict[str, float]] = {}
-        for node in self._node.values():
-            for key, amount in bundle.items():
-                held.setdefault(node, {}).setdefault(key, 0.0)
-                held[node][key] += amount
+        slots = Counter(self._node.values())  # every slot holds one such bundle
         totals = {n["NodeID"]: n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")}
         return {
             node
             for node in nodes
             if node in totals
             and all(
-                totals[node].get(key, 0.0) - held.get(node, {}).get(key, 0.0) >= amount
+                totals[node].get(key, 0.0) >= (slots[node] + 1) * amount
                 for key, amount in bundle.items()
             )
         }
