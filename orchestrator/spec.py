@@ -98,15 +98,25 @@ class FailureSpec(_Model):
     )
     standby: bool | None = Field(
         None,
-        description="keep one more idle worker process on each node that holds ranks or a "
-        "spare, started in advance (torch imported) but holding no Ray resources: a rank "
-        "lost when no spare is ready moves into it (in its own slot, or a new slot on a "
-        "standby's node) instead of starting a process; costs an idle process per node "
-        "(~0.4 GB of host memory). null (the default): on for CPU jobs when every node "
-        "holding ranks has the memory for one beside the checkpoints, with the decision "
-        "in the job's events. Not used for jobs with resources.gpu > 0: a process started "
+        description="keep idle worker processes (failure.standbys_per_node) on each node "
+        "that holds ranks or a spare, started in advance (torch imported) but holding no "
+        "Ray resources: a rank lost when no spare is ready moves into it (in its own slot, "
+        "or a new slot on a standby's node) instead of starting a process; costs ~0.4 GB "
+        "of host memory per standby. null (the default): on for CPU jobs when every node "
+        "holding ranks has the memory for one beside the checkpoints, with the decision in "
+        "the job's events. Not used for jobs with resources.gpu > 0: a process started "
         "without a GPU grant cannot be handed one later (failure.spares are their warm "
         "processes)",
+    )
+    standbys_per_node: int = Field(
+        2,
+        ge=1,
+        le=8,
+        description="the most standbys kept on each node when they are on (failure.standby): "
+        "with 2 a second fault on the same node, before the first one's standby is started "
+        "again (5-10 s on a busy node), still finds one ready. Left to decide, a node gets "
+        "only as many as fit in its memory beside the checkpoints (at least one, else none); "
+        "the first of each node's start with the ranks, the others once the job has trained",
     )
     abort_timeout_s: float = Field(
         10.0, gt=0, description="how long survivors get to leave their train loop on recovery"

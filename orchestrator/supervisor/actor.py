@@ -125,7 +125,7 @@ class JobSupervisor:
             self._set(JobState.SCHEDULING, f"placing {self.pool.world} workers")
             if self.adopt:
                 self._adopt()
-            self.pool.schedule()
+            self.pool.schedule(adopted=bool(self.adopt))
             self.preflight.check_and_move(list(range(self.pool.world)), initial=True)
             self.pool.scheduled(self.home_node)
             memory = self._adopted_restore_point() if self.adopt else None
@@ -229,7 +229,7 @@ class JobSupervisor:
     def uncordon(self, node: str) -> bool:
         """Let `node` get ranks of this job again (`stalwart uncordon`)."""
         with self._lock:
-            gone = self.pool.cordons.uncordon(node)
+            gone = self.pool.bad.cordons.uncordon(node)
         if gone is not None:
             self.events.emit("uncordoned", node=node, reason="by the user")
         return gone is not None
@@ -238,7 +238,7 @@ class JobSupervisor:
         with self._lock:
             return {
                 n: {"reason": c.reason, "since": c.at, "until": c.until}
-                for n, c in self.pool.cordons.active(time.time()).items()
+                for n, c in self.pool.bad.cordons.active(time.time()).items()
             }
 
     def progress(self) -> dict[str, Any]:
@@ -247,7 +247,7 @@ class JobSupervisor:
         steps = [b["step"] for b in beats] + self.gen.steps()
         losses = [b["metrics"]["loss"] for b in beats if "loss" in b.get("metrics", {})]
         with self._lock:
-            cordoned = len(self.pool.cordons.active(time.time()))
+            cordoned = len(self.pool.bad.cordons.active(time.time()))
             scores = sorted(
                 self.detect.monitor.last_scores.items(), key=lambda kv: kv[1], reverse=True
             )
@@ -266,7 +266,7 @@ class JobSupervisor:
             "steps_per_s": self.ledger.last_rate,
             "workers": len(self.pool.workers),
             "spares": len(self.pool.spares),
-            "standbys": len(self.pool.standbys.ready),
+            "standbys": self.pool.standbys.count(),
             "cordoned": cordoned,
             "slowest": scores[:3],
             "now": time.time(),
@@ -286,8 +286,8 @@ class JobSupervisor:
             restarts=self.recovery.restarts,
             goodput=self.metrics.goodput,
             committed_step=ckpt.commit.committed,
-            cordoned=self.pool.cordon_log,
-            lost_nodes=sorted(self.pool.lost_nodes),
+            cordoned=self.pool.bad.log,
+            lost_nodes=sorted(self.pool.bad.lost),
             stragglers=self.detect.flags,
             replication=ckpt.replication_summary(self.metrics.copy_wait_s),
             persist=ckpt.persister.summary() if ckpt.persister else None,
@@ -310,7 +310,7 @@ class JobSupervisor:
             self._recover(self.sm.context)
             return
         self.preflight.check_spares()
-        self.pool.keep_warm()
+        self.pool.keep_warm(trained=self.ckpt.commit.committed is not None)
         grow = self.elastic.check_growth()
         if grow:
             reason = (
@@ -371,7 +371,7 @@ class JobSupervisor:
         if self.sm.state is not JobState.RUNNING:
             return
         now = time.time()
-        self.pool.expire_cordons(now)
+        self.pool.bad.expire(now)
         self.ledger.throughput(
             now,
             self.progress(),
@@ -405,9 +405,9 @@ class JobSupervisor:
             failures=[_failure_event(f) for f in failures],
         )
         now = time.time()
-        self.ledger.note_incidents(failures, self.pool.lost_nodes, now)
+        self.ledger.note_incidents(failures, self.pool.bad.lost, now)
         for node in decision.cordon:
-            if node not in self.pool.lost_nodes:
+            if node not in self.pool.bad.lost:
                 self.pool.cordon(node, reason, now)
         if decision.action is Action.FAIL:
             self.ledger.fail(reason, _root_cause(failures))

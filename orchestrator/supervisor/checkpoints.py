@@ -104,7 +104,7 @@ class Checkpoints:
                 merged[int(rank)].update(steps)
         before = self.commit.committed
         own = {r: merged.get(r, set()) for r in self.pool.workers}
-        lost = self.pool.lost_nodes
+        lost = self.pool.bad.lost
         live = [
             held
             for per_node in (self.stored, self.replicas_held)
@@ -138,7 +138,7 @@ class Checkpoints:
     def in_memory(self) -> dict[int, set[int]]:
         """rank -> the steps of which some live node's memory holds a shard it can restore."""
         return holdings.in_memory(
-            (self.stored, self.replicas_held), self.pool.lost_nodes, self.borrowed
+            (self.stored, self.replicas_held), self.pool.bad.lost, self.borrowed
         )
 
     def complete_in_memory(self) -> set[int]:

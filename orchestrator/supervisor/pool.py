@@ -23,10 +23,10 @@ from ray.util.scheduling_strategies import (
     NotIn,
 )
 
-from stalwart.health.cordon import CordonList
 from stalwart.orchestrator.spec import JobSpec
 from stalwart.orchestrator.supervisor.agents import AGENT_PREFIX, start_agent
 from stalwart.orchestrator.supervisor.memory_check import ask_rooms, check_memory, checkpoint_need
+from stalwart.orchestrator.supervisor.nodes import BadNodes
 from stalwart.orchestrator.supervisor.resources import (
     SchedulingError,
     check_capacity,
@@ -70,16 +70,10 @@ class WorkerPool:
         # failure.standby: an idle process per node, holding no room (supervisor/standby.py);
         # whether the job has them is decided when its slots are placed (schedule).
         self.standbys = Standbys(lambda node: self.create_worker(None, None, node), emit)
-        self.standby_on = False
+        self.standby_depth = 0  # standbys per node (0: none)
         self.agents: dict[str, Any] = {}
         self.slots = Slots(f"stalwart-{spec.name}")
-        self.lost_nodes: set[str] = set()
-        # Nodes Ray reported dead while a replacement was placed, before the supervisor's
-        # own detection got to them (two nodes lost at once: the first one's replacement
-        # can be sent to the second).
-        self.dead_in_ray: set[str] = set()
-        self.cordons = CordonList(spec.health.cordon_ttl_s)
-        self.cordon_log: list[dict[str, Any]] = []
+        self.bad = BadNodes(spec, emit)  # nodes that get no new ranks (supervisor/nodes.py)
         self.supervisor: Any = None  # the supervisor's handle, for workers to report faults to
         self.clock = StartupClock()  # the cold start's marks (supervisor/startup.py)
         self.warm = Spares(
@@ -107,40 +101,15 @@ class WorkerPool:
 
     def bad_nodes(self) -> set[str]:
         """Nodes that get no new ranks: lost, dead in Ray's view, or cordoned."""
-        return self.lost_nodes | self.dead_in_ray | set(self.cordons.active(time.time()))
+        return self.bad.all(time.time())
 
     def cordon(self, node: str, reason: str, now: float) -> None:
-        """Give `node` no new ranks of this job, unless the nodes left could not hold the
-        job's world then (a cordon of the last node(s) with room would only end the job:
-        it is skipped, saying so)."""
-        bundle = worker_bundle(self.spec)
-        bad = self.bad_nodes() | {node}
-        left = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in bad]
-        short = [
-            key
-            for key, per_worker in bundle.items()
-            if sum(n["Resources"].get(key, 0.0) for n in left) < per_worker * self.world
-        ]
-        if short:
-            self._emit(
-                "cordon_skipped",
-                node=node,
-                reason=f"{reason}; not cordoned: the other healthy nodes lack the "
-                f"{', '.join(short)} for {self.world} workers",
-            )
-            return
-        c = self.cordons.cordon(node, reason, now)
-        self.cordon_log.append({"node": node, "at": now, "until": c.until, "reason": reason})
-        self._emit("cordoned", node=node, until=c.until, reason=reason)
-
-    def expire_cordons(self, now: float) -> None:
-        for c in self.cordons.expire(now):
-            self._emit("uncordoned", node=c.node, reason="cordon TTL passed")
+        self.bad.cordon(node, reason, now, self.world)
 
     def lose_node(self, node: str) -> int:
         """`node` is gone: its slots are released at once (Ray would keep trying to re-place
         them, see slots.py), its agent forgotten, its spares killed. Returns the spares lost."""
-        self.lost_nodes.add(node)
+        self.bad.lost.add(node)
         self.slots.release_on({node})
         self.agents.pop(node, None)
         self.standbys.drop({node})
@@ -199,11 +168,13 @@ class WorkerPool:
 
     # --- scheduling -------------------------------------------------------------------------
 
-    def schedule(self) -> None:
+    def schedule(self, adopted: bool = False) -> None:
         """Hold the room for every rank and spare (all or nothing), start the workers and
         the spares, and wait until the workers are ready. The spares are not waited for:
         they become ready alongside the preflight and the first steps (check_spares), and
-        a failure before then waits for one (replace)."""
+        a failure before then waits for one (replace). The standbys start with the workers:
+        one per node, or all of them for a job `adopted` from a dead supervisor (it has
+        trained, and its standbys died with that supervisor)."""
         spec = self.spec
         self.clock.mark("supervisor_init")
         check_capacity(spec, ray.nodes())
@@ -234,15 +205,21 @@ class WorkerPool:
         if not sized and spec.failure.standby is None and not spec.resources.gpu:
             rooms = ask_rooms(self.slots.nodes(), spec.checkpoint.shm_dir, self.agents)
         ranks_on = Counter(node_of_rank.values())
-        self.standby_on, why = choose(
+        self.standby_depth, why = choose(
             spec.failure.standby,
+            spec.failure.standbys_per_node,
             bool(spec.resources.gpu),
             {n: room for n, room in rooms.items() if n in ranks_on},
             {n: checkpoint_need(spec, k) for n, k in ranks_on.items()},
         )
-        self._emit("standby_plan", enabled=self.standby_on, reason=why)
-        if self.standby_on:  # as soon as the ranks are placed: ready by their first steps
-            self.standbys.fill(self.slots.nodes())
+        self._emit(
+            "standby_plan",
+            enabled=bool(self.standby_depth),
+            per_node=self.standby_depth,
+            reason=why,
+        )
+        if self.standby_depth:  # as soon as the ranks are placed: ready by their first steps
+            self.standbys.fill(self.slots.nodes(), self.standby_depth if adopted else 1)
         self.await_ready(list(range(self.world)), spec.failure.scheduling_timeout_s)
         self.clock.workers_ready({r: self.worker_info[r].get("boot", {}) for r in self.workers})
         self.check_spares()  # those ready by now are preflighted with the ranks
@@ -348,7 +325,7 @@ class WorkerPool:
                 except ActorGone as e:
                     failed[attaching[ref]] = actor_error_text(e)
             if failed and allow_missing:
-                self._note_dead_nodes()  # once for all the restarts below
+                self.bad.note_dead_in_ray()  # once for all the restarts below
             for rank, why in sorted(failed.items()):
                 if not allow_missing:
                     raise SchedulingError(f"a worker failed to start (rank {rank}): {why}")
@@ -366,7 +343,7 @@ class WorkerPool:
         """Start again, elsewhere, the pending replacements whose slot is on a node that has
         died since (Ray reports it dead, or the supervisor lost it): one waiting for a slot
         there would wait for good. Ray places the others itself as nodes come and go."""
-        self._note_dead_nodes()
+        self.bad.note_dead_in_ray()
         bad = self.bad_nodes()
         for ref, rank in list(pending.items()):
             slot = self.bundle_of.get(rank)
@@ -375,9 +352,6 @@ class WorkerPool:
                 self._restart(
                     rank, "its slot's node has died or is cordoned; starting it elsewhere", pending
                 )
-
-    def _note_dead_nodes(self) -> None:
-        self.dead_in_ray |= {n["NodeID"] for n in ray.nodes() if not n.get("Alive")}
 
     def _restart(self, rank: int, why: str, pending: dict[Any, int]) -> None:
         """Start `rank`'s replacement again, away from the bad nodes (the callers refresh
@@ -469,7 +443,7 @@ class WorkerPool:
     def _standby_for(self, node: str | None) -> bool:
         """A ready standby a rank whose slot was on `node` could take: that node's, or one
         on a healthy node with room for a new slot."""
-        ready = set(self.standbys.ready) - self.bad_nodes()
+        ready = self.standbys.ready_nodes() - self.bad_nodes()
         if node in ready:
             return True
         return bool(ready) and bool(self.slots.room_for(worker_bundle(self.spec), ready))
@@ -482,10 +456,10 @@ class WorkerPool:
         self.standbys.poll()
         slot = self.bundle_of[rank]
         node = self.slots.node_of(slot) if slot is not None else None
-        if node in self.standbys.ready:
+        if node in self.standbys.ready_nodes():
             return self.standbys.take(node, rank)
         bundle = worker_bundle(self.spec)
-        nodes = self.slots.room_for(bundle, set(self.standbys.ready) - self.bad_nodes())
+        nodes = self.slots.room_for(bundle, self.standbys.ready_nodes() - self.bad_nodes())
         # A slot where there is room is placed in milliseconds; a rank that has a slot to
         # start cold in does not wait long for room another job may have taken.
         wait_s = SLOT_CHECK_S if slot is None else STANDBY_SLOT_S
@@ -502,20 +476,22 @@ class WorkerPool:
             self.slots.release(new)
         return actor
 
-    def keep_warm(self) -> None:
+    def keep_warm(self, trained: bool) -> None:
         """Between recoveries: start the spares that failed to start or died with their
-        node, and the standbys missing."""
+        node, and the standbys missing (all of them once the job has `trained`, else one
+        per node: more would only slow its first steps down)."""
         self.warm.refill()
-        self.fill_standbys()
+        self.fill_standbys(self.standby_depth if trained else 1)
 
-    def fill_standbys(self) -> None:
-        """Start a standby on every healthy node holding ranks or a spare (where a lost
-        node's ranks go) that has none, when the job keeps them (supervisor/standby.py)."""
-        if self.standby_on:
+    def fill_standbys(self, depth: int) -> None:
+        """Start standbys on every healthy node holding ranks or a spare (where a lost
+        node's ranks go) until it has `depth`, when the job keeps them
+        (supervisor/standby.py)."""
+        if self.standby_depth:
             bad = self.bad_nodes()
             self.standbys.drop(bad)  # cordoned since they started: no new ranks there
             nodes = {self.node_of(r) for r in self.workers if r in self.worker_info}
-            self.standbys.fill((nodes - bad) | self.spare_nodes())
+            self.standbys.fill((nodes - bad) | self.spare_nodes(), min(depth, self.standby_depth))
 
     def move(self, ranks: list[int]) -> list[int]:
         """Start `ranks` again on healthy nodes; a rank with no room on one within

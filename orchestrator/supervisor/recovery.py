@@ -154,7 +154,7 @@ class Recovery:
         first): confirm it answers before its slot gets the replacement."""
         detection = self.detection
         nodes = {f.node for f in found if f.kind is FailureKind.WORKER_DIED and f.node}
-        for node in detection.unresponsive(nodes - self.pool.lost_nodes):
+        for node in detection.unresponsive(nodes - self.pool.bad.lost):
             lost = detection.lose_node(
                 node,
                 f"node {node[:12]}: its agent did not answer after its "

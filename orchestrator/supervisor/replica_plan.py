@@ -70,7 +70,7 @@ class ReplicaPlan:
     def sync(self) -> None:
         """Tell every agent its replica-group peers when the set of live nodes changed."""
         pool = self.pool
-        nodes = tuple(sorted(n for n in pool.agents if n not in pool.lost_nodes))
+        nodes = tuple(sorted(n for n in pool.agents if n not in pool.bad.lost))
         holds = {n: self.holds[n] for n in nodes if self.holds.get(n)}
         if nodes == self.nodes and holds == self._planned_holds:
             return
@@ -101,7 +101,7 @@ class ReplicaPlan:
         """A rank on the node that keeps the copies of `rank`'s shards (its first replica
         peer with a rank of the job), or None (one copy, or no rank there)."""
         pool = self.pool
-        nodes = tuple(sorted(n for n in pool.agents if n not in pool.lost_nodes))
+        nodes = tuple(sorted(n for n in pool.agents if n not in pool.bad.lost))
         peers = replica_peers(nodes, self.spec.replicas, self._planned_holds)
         for node in peers.get(pool.node_of(rank), []):
             there = [r for r in sorted(pool.workers) if pool.node_of(r) == node]

@@ -27,7 +27,7 @@ def _checkpoints(uri: str, run: str) -> tuple[Checkpoints, list]:
         }
     )
     events: list = []
-    pool = SimpleNamespace(world=1, store_key=run, agents={}, lost_nodes=set())
+    pool = SimpleNamespace(world=1, store_key=run, agents={}, bad=SimpleNamespace(lost=set()))
     ckpt = Checkpoints(spec, pool, lambda etype, **kw: events.append((etype, kw)))
     return ckpt, events
 

@@ -36,7 +36,7 @@ class _Clock:
 
 def _plan(every: int = 10, clock: _Clock | None = None, max_lag: int | None = 2):
     agents = {"a": _Agent(), "b": _Agent()}
-    pool = SimpleNamespace(agents=agents, lost_nodes=set())
+    pool = SimpleNamespace(agents=agents, bad=SimpleNamespace(lost=set()))
     events: list = []
     plan = ReplicaPlan(
         CheckpointSpec(every_steps=every, replicas=2, max_lag_steps=max_lag),
@@ -84,7 +84,7 @@ def test_with_one_copy_nothing_is_sent():
     agents = {"a": _Agent()}
     plan = ReplicaPlan(
         CheckpointSpec(every_steps=1, replicas=2),
-        SimpleNamespace(agents=agents, lost_nodes=set()),
+        SimpleNamespace(agents=agents, bad=SimpleNamespace(lost=set())),
         lambda kind, **f: None,
         clock=_Clock(),
     )
@@ -99,7 +99,7 @@ def test_with_one_copy_nothing_is_sent():
 
 def test_the_plan_is_made_again_when_the_agents_report_which_shards_their_ranks_hold():
     agents = {n: _Agent() for n in "abcd"}
-    pool = SimpleNamespace(agents=agents, lost_nodes=set())
+    pool = SimpleNamespace(agents=agents, bad=SimpleNamespace(lost=set()))
     events: list = []
     plan = ReplicaPlan(
         CheckpointSpec(replicas=2), pool, lambda kind, **f: events.append((kind, f)), _Clock()
