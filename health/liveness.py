@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from stalwart.health.hang_timeout import HangTimeouts
 from stalwart.health.observations import NodeView, RankView
 
 
@@ -40,22 +41,24 @@ def lost_nodes(nodes: Sequence[NodeView], now: float, timeout_s: float) -> tuple
 
 
 def hung_ranks(
-    ranks: Sequence[RankView], now: float, hang_timeout_s: float, beat_timeout_s: float
+    ranks: Sequence[RankView], now: float, timeouts: HangTimeouts, beat_timeout_s: float
 ) -> tuple[Hang | None, str]:
-    """A hang: every rank with a fresh heartbeat has not advanced for `hang_timeout_s`.
+    """A hang: beating ranks that have not finished a step for their timeout
+    (health/hang_timeout.py: fixed by the spec, or derived from the job's steps).
 
     In data-parallel training one hung rank stalls everyone at the next collective. A rank
-    frozen for `hang_timeout_s` *outside* any collective is a culprit, and every rank waiting
+    frozen past its timeout *outside* any collective is a culprit, and every rank waiting
     in a collective waits for it. If every beating rank is frozen inside a collective, the
     collective itself is stuck. A rank waiting for its checkpoint copies to reach peer
     nodes (checkpoint.max_lag_steps) is waiting too, not a culprit: if all wait so,
-    replication is stuck.
+    replication is stuck. A rank still busy on its CPU past a derived step timeout is not
+    frozen (until health.hang.busy_limit_s).
     A rank whose heartbeats stopped is not hung but lost; liveness handles it.
     """
     beating = [r for r in ranks if now - r.beat_at < beat_timeout_s]
     if not beating:
         return None, "no fresh heartbeats"
-    frozen = [r for r in beating if now - r.step_changed_at >= hang_timeout_s]
+    frozen = [r for r in beating if now - r.step_changed_at >= timeouts.for_rank(r)]
     if not frozen:
         return None, "steps advancing"
     culprits = tuple(sorted(r.rank for r in frozen if not r.waiting))
@@ -67,21 +70,23 @@ def hung_ranks(
     else:
         return None, "ranks frozen inside a collective while others still step: waiting"
     stalled = min(now - r.step_changed_at for r in frozen)
+    first = min(frozen, key=lambda r: (r.waiting, now - r.step_changed_at))
+    timeout = timeouts.describe(first)
     if culprits:
         reason = (
             f"rank(s) {', '.join(map(str, culprits))} made no step for {stalled:.1f} s "
-            f"(health.hang_timeout_s={hang_timeout_s}) outside any collective"
+            f"({timeout}) outside any collective"
             + (f"; rank(s) {', '.join(map(str, waiting))} wait for them" if waiting else "")
         )
     elif all(r.copies_since is not None for r in frozen):
         reason = (
             f"all {len(frozen)} beating ranks have waited for their checkpoint copies to "
-            f"reach peer nodes for {stalled:.1f} s (health.hang_timeout_s={hang_timeout_s}, "
+            f"reach peer nodes for {stalled:.1f} s ({timeout}, "
             "checkpoint.max_lag_steps): replication is stuck"
         )
     else:
         reason = (
             f"all {len(frozen)} beating ranks have waited in a collective for {stalled:.1f} s "
-            f"(health.hang_timeout_s={hang_timeout_s}): the collective is stuck"
+            f"({timeout}): the collective is stuck"
         )
     return Hang(culprits, waiting, stalled), reason

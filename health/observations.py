@@ -115,6 +115,8 @@ class RankView:
     collective_since: float | None = None  # oldest collective still pending, if any
     # waiting since then for its checkpoint copies to reach peer nodes (max_lag_steps)
     copies_since: float | None = None
+    stepped: bool = True  # finished a step in this generation (else: its first step)
+    busy: bool = False  # its training thread used its CPU lately (health/hang_timeout.py)
 
     @property
     def waiting(self) -> bool:

@@ -227,6 +227,12 @@ DEFINITIONS: tuple[MetricDef, ...] = (
         "gauge",
         "pre-started processes holding no room, ready to take a rank (failure.standby)",
     ),
+    MetricDef(
+        "stalwart_hang_timeout_seconds",
+        "gauge",
+        "how long a rank may go without finishing a step before it is hung (derived from "
+        "the job's steps unless health.hang_timeout_s fixes it)",
+    ),
     MetricDef("stalwart_stragglers_flagged_total", "counter", "straggler flags raised"),
     MetricDef(
         "stalwart_replication_sent_bytes_total", "counter", "bytes of shards sent to peers' memory"

@@ -245,6 +245,8 @@ class JobMetrics:
             self._("stalwart_generation").set(progress["generation"])
             self._("stalwart_spares_ready").set(progress["spares"])
             self._("stalwart_standbys_ready").set(progress.get("standbys", 0))
+            if progress.get("hang_timeout_s") is not None:
+                self._("stalwart_hang_timeout_seconds").set(progress["hang_timeout_s"])
             self._("stalwart_cordoned_nodes").set(progress["cordoned"])
             self._("stalwart_restarts_left").set(-1 if restarts_left is None else restarts_left)
             self._count("stalwart_steps_redone_total", steps_redone)

@@ -152,6 +152,8 @@ def _event_line(e: dict[str, Any]) -> Text | None:
         return Text(f"{ts} {t.replace('_', ' ')}: {e['reason']}", style="yellow")
     if t == "replica_plan":
         return Text(f"{ts} checkpoint replicas: {e['reason']}", style="cyan")
+    if t == "hang_timeout":
+        return Text(f"{ts} hang timeout {e['seconds']:g} s: {e['reason']}", style="cyan")
     if t == "standby_plan":
         return Text(f"{ts} standbys {e['reason']}", style="cyan")
     if t == "abort_timeout":

@@ -236,10 +236,7 @@ class JobSupervisor:
 
     def cordoned(self) -> dict[str, dict[str, Any]]:
         with self._lock:
-            return {
-                n: {"reason": c.reason, "since": c.at, "until": c.until}
-                for n, c in self.pool.bad.cordons.active(time.time()).items()
-            }
+            return self.pool.bad.cordoned(time.time())
 
     def progress(self) -> dict[str, Any]:
         beats = self.detect.current_beats(self.gen.number)
@@ -267,6 +264,7 @@ class JobSupervisor:
             "workers": len(self.pool.workers),
             "spares": len(self.pool.spares),
             "standbys": self.pool.standbys.count(),
+            "hang_timeout_s": self.detect.monitor.hang_timeouts().step_s,
             "cordoned": cordoned,
             "slowest": scores[:3],
             "now": time.time(),

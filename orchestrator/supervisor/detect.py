@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from stalwart.health.hang_timeout import HangTimeouts
 from stalwart.health.observations import Budget, FailureKind, WorkerFailure
 from stalwart.health.policy import Action
 from stalwart.health.straggler import straggler_decision
@@ -59,6 +60,7 @@ class Detection:
         self.flags: list[dict[str, Any]] = []  # every straggler flag, for the result
         self._straggling: set[int] = set()
         self._last_ray_check = 0.0
+        self._hang_told: HangTimeouts | None = None  # the timeouts the last event gave
 
     # --- observations -----------------------------------------------------------------------
 
@@ -154,6 +156,7 @@ class Detection:
     def hang(self, now: float, generation: int) -> list[WorkerFailure] | None:
         """A hang (beating, not stepping) or a stuck collective: its ranks' failures, after
         every rank's stacks went to the event log. None when there is none."""
+        self._tell_hang_timeout()
         hang, reason = self.monitor.hang(now)
         if hang is None:
             return None
@@ -179,6 +182,25 @@ class Detection:
             )
             for rank in hang.culprits or hang.waiting
         ]
+
+    def _tell_hang_timeout(self) -> None:
+        """A `hang_timeout` event when the step timeout in use first comes to be and each
+        time it moves by a tenth or more (derived: it follows the job's longest step)."""
+        t = self.monitor.hang_timeouts()
+        told = self._hang_told
+        if (
+            told is None
+            or t.derived != told.derived
+            or abs(t.step_s - told.step_s) >= 0.1 * told.step_s
+        ):
+            self._hang_told = t
+            self._emit(
+                "hang_timeout",
+                seconds=round(t.step_s, 3),
+                first_step_s=t.startup_s,
+                busy_limit_s=t.busy_limit_s,
+                reason=t.why,
+            )
 
     def _capture_stacks(self) -> dict[int, dict[str, Any]]:
         """Every rank's Python stacks: asked of the worker (another of its threads answers);

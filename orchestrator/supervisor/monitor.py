@@ -9,9 +9,11 @@ decide. Nothing here acts.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, replace
+from collections import deque
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from stalwart.health.hang_timeout import HangPolicy, HangTimeouts, derive
 from stalwart.health.liveness import Hang, hung_ranks, lost_nodes
 from stalwart.health.observations import NodeView, RankView
 from stalwart.health.straggler import StragglerConfig, StragglerReport, straggler_scores
@@ -29,6 +31,27 @@ class _Rank:
     collective_since: float | None = None
     copies_since: float | None = None
     gpu_index: int | None = None
+    stepped: bool = False  # finished a step in this generation
+    # (received at, its training thread's CPU seconds), the last BUSY_WINDOW_S or so
+    cpu: deque = field(default_factory=lambda: deque(maxlen=256))
+
+    def busy(self) -> bool:
+        """Its training thread used at least BUSY_SHARE of a core over the last
+        BUSY_WINDOW_S of heartbeats (at least 2 s of them)."""
+        if len(self.cpu) < 2:
+            return False
+        newest_at, newest_cpu = self.cpu[-1]
+        older = [(t, c) for t, c in self.cpu if newest_at - t <= BUSY_WINDOW_S]
+        at, cpu = older[0]
+        if newest_at - at < 2.0:
+            return False
+        return (newest_cpu - cpu) / (newest_at - at) >= BUSY_SHARE
+
+
+# A rank past its derived step timeout is busy, not hung, while its training thread uses at
+# least this share of a core (health/hang_timeout.py).
+BUSY_WINDOW_S = 10.0
+BUSY_SHARE = 0.25
 
 
 class HealthMonitor:
@@ -58,6 +81,12 @@ class HealthMonitor:
         self._calm: dict[int, int] = {}  # flagged rank -> evaluated steps since its last flag
         self._judge_from: int | None = None  # the generation's first step + warm-up
         self._slow_s: dict[int, float] = {}  # rank -> seconds of steps its slow verdicts span
+        # The job's steps, for the derived hang timeout (all generations; each one's first
+        # step, which compiles and restores, left out).
+        self.hang_policy = HangPolicy(**health.hang.model_dump())
+        self.longest_step_s: float | None = None
+        self.steps_seen = 0
+        self._newest_seen = -1
 
     # --- nodes ------------------------------------------------------------------------------
 
@@ -111,8 +140,14 @@ class HealthMonitor:
         r.collective_since = beat.get("collective_since")
         r.copies_since = beat.get("copies_since")
         r.gpu_index = beat.get("gpu_index")
+        if beat.get("train_cpu_s") is not None:
+            r.cpu.append((beat["received_at"], beat["train_cpu_s"]))
+            while beat["received_at"] - r.cpu[0][0] > 2 * BUSY_WINDOW_S:
+                r.cpu.popleft()
         h, w = self.history[rank], self.wall[rank]
         recent = beat.get("recent", ())
+        if recent:
+            self._note_steps(r, recent, w)
         if recent and self._judge_from is None:
             # The generation's first step (every rank starts at the same one) opens the
             # warm-up; its steps are recorded but not judged.
@@ -125,6 +160,26 @@ class HealthMonitor:
                 del h[step]
                 w.pop(step, None)
 
+    def _note_steps(self, r: _Rank, recent: Any, seen: dict[int, float]) -> None:
+        """The job's longest step and its count, from steps not seen before (a
+        generation's first left out: the worker clears `recent` at each generation)."""
+        first = not r.stepped
+        r.stepped = True
+        for i, (step, _, wall) in enumerate(recent):
+            if (first and i == 0) or step in seen:
+                continue
+            if self.longest_step_s is None or wall > self.longest_step_s:
+                self.longest_step_s = wall
+            if step > self._newest_seen:
+                self._newest_seen = step
+                self.steps_seen += 1
+
+    def hang_timeouts(self) -> HangTimeouts:
+        """The timeouts in use: health.hang_timeout_s, else derived from the job's steps."""
+        if self.cfg.hang_timeout_s is not None:
+            return HangTimeouts.fixed(self.cfg.hang_timeout_s)
+        return derive(self.hang_policy, self.longest_step_s, self.steps_seen)
+
     def rank_views(self) -> list[RankView]:
         return [
             RankView(
@@ -135,13 +190,15 @@ class HealthMonitor:
                 r.beat_at,
                 r.collective_since,
                 r.copies_since,
+                r.stepped,
+                r.busy(),
             )
             for rank, r in self.ranks.items()
         ]
 
     def hang(self, now: float) -> tuple[Hang | None, str]:
         return hung_ranks(
-            self.rank_views(), now, self.cfg.hang_timeout_s, self.cfg.heartbeat_timeout_s
+            self.rank_views(), now, self.hang_timeouts(), self.cfg.heartbeat_timeout_s
         )
 
     def stragglers(self) -> tuple[StragglerReport, str]:

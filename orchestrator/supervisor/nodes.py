@@ -59,6 +59,13 @@ class BadNodes:
         self.log.append({"node": node, "at": now, "until": c.until, "reason": reason})
         self._emit("cordoned", node=node, until=c.until, reason=reason)
 
+    def cordoned(self, now: float) -> dict[str, dict[str, Any]]:
+        """The active cordons: node -> why, since and until when."""
+        return {
+            n: {"reason": c.reason, "since": c.at, "until": c.until}
+            for n, c in self.cordons.active(now).items()
+        }
+
     def expire(self, now: float) -> None:
         for c in self.cordons.expire(now):
             self._emit("uncordoned", node=c.node, reason="cordon TTL passed")

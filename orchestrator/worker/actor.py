@@ -124,6 +124,7 @@ class TrainWorker:
         )
         self.ctx: TrainContext | None = None
         self._timings: dict[str, float] = {}
+        self._train_thread: int | None = None
         self._stop = threading.Event()
         self._stepped = threading.Event()
         self._beat_thread = threading.Thread(
@@ -184,6 +185,7 @@ class TrainWorker:
         self._restore_rank = self.rank if restore_rank is None else restore_rank
         timings: dict[str, float] = {"started": time.time()}
         self._timings = timings
+        self._train_thread = threading.get_native_id()  # its CPU time goes with the beats
         if self.ctx is None:
             self.ctx = TrainContext(
                 rank=self.rank,
@@ -431,7 +433,8 @@ class TrainWorker:
             # Paused here until the restore point is committed, or persisted (other ranks
             # wait in the next collective): the loss then races no copy to a peer nor
             # write to storage. At most half the hang timeout (else judged a hang).
-            wait_s = min(60.0, 0.5 * self.spec["health"]["hang_timeout_s"])
+            health = self.spec["health"]
+            wait_s = min(60.0, 0.5 * (health["hang_timeout_s"] or health["hang"]["floor_s"]))
             for durable, key in ((False, "committed_step"), (True, "persisted_step")):
                 if fault.get("after_persist" if durable else "after_commit"):
                     waited = self.supervisor.await_commit.remote(fault["at_step"], wait_s, durable)
@@ -533,6 +536,7 @@ class TrainWorker:
             self._gpu_for_probe() if ctx else self.gpu_index,
             self._timings,
             vars(self.pipeline.stats).copy(),
+            self._train_thread,
         )
 
     def _collective_since(self) -> float | None:

@@ -21,7 +21,10 @@ def beat(
     gpu_index: int | None,
     timings: dict[str, float],
     snapshot_stats: dict[str, Any],
+    train_thread: int | None = None,
 ) -> dict[str, Any]:
+    """`train_thread`: the native id of the thread running the train loop, whose CPU time
+    tells a busy long step from a hang (health/hang_timeout.py)."""
     p = progress
     return {
         "rank": rank,
@@ -39,6 +42,7 @@ def beat(
         "copies_since": copy_wait.since if copy_wait else None,
         "copy_wait_seconds": copy_wait.seconds if copy_wait else 0.0,
         "rss_bytes": _rss_bytes(),
+        "train_cpu_s": thread_cpu_seconds(train_thread) if train_thread else None,
         "gpu_index": gpu_index,
         "sent_at": time.time(),
         "timings": {**timings, **_phases(p)},
@@ -69,3 +73,15 @@ def _rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return 0
+
+
+def thread_cpu_seconds(native_id: int) -> float | None:
+    """CPU seconds (user and system) the thread `native_id` of this process has used; None
+    if it is gone or this is not Linux."""
+    try:
+        with open(f"/proc/self/task/{native_id}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # After the command's ")": state is field 3 of proc(5); utime 14, stime 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -203,6 +203,7 @@ def test_a_submitted_job_trains_on_after_its_follower_is_killed_and_is_seen_to_t
         "entrypoint=tests.component.loops:held_loop",
         "config.hold_at=12",
         f"config.release={release}",
+        "health.hang_timeout_s=300",  # the hold is idle on purpose: not a hang
     )
     # A follower on the laptop (logs -f), killed mid-run: the job does not depend on it.
     follower = subprocess.Popen(

@@ -86,6 +86,7 @@ def test_survivor_stuck_outside_collectives_is_replaced(run, baseline):
         config__slow_at=10,
         config__slow_s=60,
         failure__abort_timeout_s=3,
+        health__hang_timeout_s=300,  # the replacement is the abort timeout's, not a hang's
         chaos__faults=[kill(1, 10)],
     )
     result = run(spec)

@@ -20,6 +20,7 @@ def test_standbys_take_a_killed_worker_and_a_lost_nodes_ranks_exactly(mrun, mbas
         # Rank 0 waits at steps 10 and 35 for a standby on every node holding ranks (at 35:
         # the one the kill used, started again).
         config={**SMALL["config"], "standbys_at": [10, 35]},
+        health__hang_timeout_s=300,  # rank 0's waits are idle on purpose: not a hang
         chaos__faults=[
             {"kind": "kill_worker", "rank": 0, "at_step": 15},
             {"kind": "kill_node", "rank": 1, "at_step": 40, "after_commit": True},

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from stalwart.health.hang_timeout import HangTimeouts
 from stalwart.health.liveness import Hang, hung_ranks, lost_nodes
 from stalwart.health.observations import NodeView, RankView
 
 NOW = 1_000.0
 BEAT = 3.0  # heartbeat timeout
-HANG = 300.0  # hang timeout
+HANG = HangTimeouts.fixed(300.0)  # health.hang_timeout_s
 
 
 def node(name: str, silent_s: float | None = None, **kw) -> NodeView:
@@ -224,9 +225,9 @@ def test_culprits_and_waiters_are_sorted():
 
 def test_timeouts_are_parameters():
     ranks = [rank(0, frozen_s=10.0, beat_age_s=1.0)]
-    assert hung_ranks(ranks, NOW, 5.0, BEAT)[0] == Hang((0,), (), 10.0)
-    assert hung_ranks(ranks, NOW, 20.0, BEAT)[0] is None
-    assert hung_ranks(ranks, NOW, 5.0, 1.0) == (None, "no fresh heartbeats")
+    assert hung_ranks(ranks, NOW, HangTimeouts.fixed(5.0), BEAT)[0] == Hang((0,), (), 10.0)
+    assert hung_ranks(ranks, NOW, HangTimeouts.fixed(20.0), BEAT)[0] is None
+    assert hung_ranks(ranks, NOW, HangTimeouts.fixed(5.0), 1.0) == (None, "no fresh heartbeats")
 
 
 def test_hang_is_frozen():

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from stalwart.health.hang_timeout import HangTimeouts
 from stalwart.health.liveness import Hang, hung_ranks
 from stalwart.health.observations import RankView
 
 NOW = 5_000.0
 BEAT = 3.0  # heartbeat timeout
-HANG = 60.0  # hang timeout
+HANG = HangTimeouts.fixed(60.0)  # health.hang_timeout_s
 
 
 def rank(

@@ -31,7 +31,9 @@ def with_health(**health) -> dict:
 def test_health_defaults():
     h = validate(spec_with()).health
     assert h.heartbeat_timeout_s == 3.0
-    assert h.hang_timeout_s == 300.0
+    assert h.hang_timeout_s is None  # derived from the job's steps (health.hang)
+    assert (h.hang.floor_s, h.hang.factor, h.hang.startup_s) == (20.0, 5.0, 300.0)
+    assert (h.hang.busy_limit_s, h.hang.min_steps) == (1800.0, 5)
     assert h.cordon_ttl_s == 3600.0
     assert h.straggler.policy == "alert"
     assert h.straggler.threshold == 2.0
@@ -46,6 +48,12 @@ def test_health_defaults():
     assert h.preflight.matmul_repeats == 20
     assert h.preflight.max_slowdown == 3.0
     assert h.preflight.timeout_s == 30.0
+
+
+def test_hang_defaults_match_the_policy_defaults():
+    from stalwart.health.hang_timeout import HangPolicy
+
+    assert HangPolicy(**validate(spec_with()).health.hang.model_dump()) == HangPolicy()
 
 
 def test_straggler_defaults_match_the_detector_defaults():
@@ -63,7 +71,7 @@ def test_partial_health_section_keeps_other_defaults():
     assert h.straggler.policy == "replace"
     assert h.straggler.threshold == 2.0
     assert h.gpu.probe == "fake"
-    assert h.hang_timeout_s == 300.0
+    assert h.hang_timeout_s is None
     assert h.preflight.enabled is True
 
 
