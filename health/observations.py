@@ -23,6 +23,9 @@ class FailureKind(enum.Enum):
     # The loss the rank reported was NaN or infinite (health.loss_guard): stopped before the
     # step was checkpointed; rolled back and retried, unless the replay repeats it.
     LOSS_NOT_FINITE = "loss_not_finite"
+    # The data-parallel replicas' parameters differ (health.divergence_every_steps): a
+    # rank-dependent or nondeterministic update, or silent data corruption.
+    REPLICA_DIVERGENCE = "replica_divergence"
 
 
 class FailureClass(enum.Enum):
@@ -36,6 +39,10 @@ class FailureClass(enum.Enum):
     # A non-finite loss: roll back and retry (a bit flip, a bad kernel); a bit-exact replay
     # that repeats it is the model's or the data's, and fails the job.
     NUMERIC = "numeric"
+    # The replicas differ: the loop's nondeterminism or the hardware's corruption, never the
+    # user's ordinary error and never fixed by replaying blindly: fails the job, naming
+    # what diverged (the state committed since the last check may hold it).
+    INTEGRITY = "integrity"
 
 
 CLASS_OF = {
@@ -51,6 +58,7 @@ CLASS_OF = {
     FailureKind.HUNG: FailureClass.PERFORMANCE,
     FailureKind.STRAGGLER: FailureClass.PERFORMANCE,
     FailureKind.LOSS_NOT_FINITE: FailureClass.NUMERIC,
+    FailureKind.REPLICA_DIVERGENCE: FailureClass.INTEGRITY,
 }
 
 # Failures whose node should get no more ranks of this job.

@@ -57,12 +57,14 @@ _WHAT = {
     FailureKind.PREFLIGHT: "on a node that failed preflight",
     FailureKind.RESTORE_FAILED: "could not restore its shard",
     FailureKind.LOSS_NOT_FINITE: "reported a loss that is not finite",
+    FailureKind.REPLICA_DIVERGENCE: "found the replicas' parameters differ",
 }
 
 
 # When one rank shows several failures at once, the most specific names the cause: a lost
 # node also kills its workers; a GPU fault may also crash the process.
 SPECIFICITY = (
+    FailureKind.REPLICA_DIVERGENCE,
     FailureKind.USER_ERROR,
     FailureKind.OOM,
     FailureKind.NODE_LOST,
@@ -108,6 +110,17 @@ def decide(
     if not failures:
         return NOOP, "no failures"
     failures = per_rank(failures)
+
+    diverged = [f for f in failures if f.kind is FailureKind.REPLICA_DIVERGENCE]
+    if diverged:
+        first = min(diverged, key=lambda f: f.at)
+        return (
+            Decision(Action.FAIL),
+            f"{first.message}; not retried: a replay of the same steps would diverge again "
+            "if the loop makes it, and the steps committed since the guard's last check may "
+            "hold the difference (resume from a durable step before it once the cause is "
+            "known; failure.user_error_retries does not apply)",
+        )
 
     user = [f for f in failures if f.failure_class in (FailureClass.USER, FailureClass.RESOURCE)]
     lost = [

@@ -33,6 +33,7 @@ OUTCOME_KINDS = {
     "oom": FailureKind.OOM,
     "restore_failed": FailureKind.RESTORE_FAILED,
     "loss_not_finite": FailureKind.LOSS_NOT_FINITE,
+    "replica_divergence": FailureKind.REPLICA_DIVERGENCE,
 }
 
 

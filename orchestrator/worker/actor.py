@@ -44,6 +44,7 @@ from stalwart.orchestrator.worker.collective import (
 )
 from stalwart.orchestrator.worker.context import LossNotFinite, RestoreFailed, TrainContext
 from stalwart.orchestrator.worker.copy_wait import CopyWait
+from stalwart.orchestrator.worker.divergence import ReplicaDivergence
 from stalwart.orchestrator.worker.entrypoint import load_entrypoint
 from stalwart.orchestrator.worker.output import OutputCapture
 from stalwart.orchestrator.worker.reshard_source import reshard_source
@@ -280,6 +281,8 @@ class TrainWorker:
                 kind = "restore_failed"
             elif isinstance(e, LossNotFinite):
                 kind = "loss_not_finite"
+            elif isinstance(e, ReplicaDivergence):
+                kind = "replica_divergence"
             elif is_comm_error(e) or not in_user_code:
                 kind = "comm_error"
             elif classify_exception(type(e).__name__, str(e)) is FailureKind.OOM:

@@ -420,7 +420,8 @@ class TrainContext:
             p.step = step + 1
             self._on_step()
             if guard is not None and guard.due(step + 1, step == start):
-                guard.check(step + 1, self._objects, self.device)  # before it is committed
+                # Before it is committed.
+                guard.check(step + 1, self._objects, self.device, self.rank, self.world_size)
             if p.first_step_done_at is None:
                 p.first_step_done_at = time.time()
             if (step + 1) % self._every == 0 or step + 1 == self.total_steps:

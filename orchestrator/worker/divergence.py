@@ -28,7 +28,20 @@ _INT_OF_SIZE = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 
 class ReplicaDivergence(RuntimeError):
-    """The ranks' parameters differ (a user error: the loop made them differ)."""
+    """The ranks' parameters differ: the loop's update is rank-dependent or
+    nondeterministic, or the hardware corrupted them (silent data corruption). Not the
+    user's ordinary error, and never retried blindly (health/policy.py)."""
+
+    def __init__(
+        self, message: str, step: int, tensors: list[str], outliers: list[int] | None
+    ) -> None:
+        super().__init__(message)
+        self.step, self.tensors, self.outliers = step, tensors, outliers
+
+
+# How many of the differing tensors the guard gathers every rank's fingerprint of, to name
+# the ranks that differ from the majority (one int64 per rank and tensor).
+OUTLIER_TENSORS = 8
 
 
 def named_parameters(objects: Mapping[str, Any]) -> list[tuple[str, torch.Tensor]]:
@@ -89,28 +102,73 @@ class DivergenceGuard:
     def due(self, step: int, first_of_generation: bool) -> bool:
         return self.every > 0 and (first_of_generation or step % self.every == 0)
 
-    def check(self, step: int, objects: Mapping[str, Any], device: torch.device) -> None:
-        """Raise ReplicaDivergence when the ranks' parameters differ after `step` steps."""
+    def check(
+        self,
+        step: int,
+        objects: Mapping[str, Any],
+        device: torch.device,
+        rank: int | None = None,
+        world: int | None = None,
+    ) -> None:
+        """Raise ReplicaDivergence when the ranks' parameters differ after `step` steps.
+        With this `rank` of `world`, the ranks whose plain (DDP-replicated) parameters
+        differ from the majority's are named (one more all-reduce, only on a divergence)."""
         t0 = time.perf_counter()
         params = named_parameters(objects)
         differ: list[int] = []
+        whole: list[int] = []  # differing tensors replicated over every rank
         for group, indices in replica_groups(params):
             mine = fingerprint([params[i] for i in indices], device)
             high, low = mine.clone(), mine.clone()
             self._all_reduce(high, "max", group)
             self._all_reduce(low, "min", group)
-            differ += [indices[i] for i in (high != low).nonzero().flatten().tolist()]
+            found = [indices[i] for i in (high != low).nonzero().flatten().tolist()]
+            differ += found
+            if group is None:
+                whole = found
+        outliers = None
+        if whole and rank is not None and world is not None:
+            outliers = self._outliers(params, whole[:OUTLIER_TENSORS], device, rank, world)
         self.checks += 1
         self.seconds += time.perf_counter() - t0
         if differ:
             differ = sorted(set(differ))
             names = [params[i][0] for i in differ]
             shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+            who = ""
+            if outliers:
+                who = (
+                    f"rank(s) {', '.join(map(str, outliers))} differ from the other "
+                    f"{world - len(outliers)}; "
+                )
             raise ReplicaDivergence(
                 f"the ranks' parameters differ after step {step} (the guard compares them "
-                f"after each generation's first step and every {self.every} steps): {shown}. "
-                "Data-parallel replicas must stay identical: wrap the model in "
-                "DistributedDataParallel (or ctx.prepare_model) and keep rank-dependent code "
-                "out of the update (a sharded model's shards are compared along the mesh's "
-                "replicate dimension only)"
+                f"after each generation's first step and every {self.every} steps): {who}"
+                f"{shown}. Data-parallel replicas must stay identical: either the loop's "
+                "update depends on the rank or is not deterministic (wrap the model in "
+                "DistributedDataParallel or ctx.prepare_model, keep rank-dependent code out "
+                "of the update), or the hardware corrupted them (silent data corruption: "
+                "the same rank on the same node again points at it). A sharded model's "
+                "shards are compared along the mesh's replicate dimension only",
+                step,
+                names,
+                outliers,
             )
+
+    def _outliers(
+        self,
+        params: list[tuple[str, torch.Tensor]],
+        indices: list[int],
+        device: torch.device,
+        rank: int,
+        world: int,
+    ) -> list[int]:
+        """The ranks whose fingerprint of any of `indices` is not the majority's."""
+        table = torch.zeros(world, len(indices), dtype=torch.int64, device=device)
+        table[rank] = fingerprint([params[i] for i in indices], device)
+        self._all_reduce(table, "sum", None)  # every rank's row: an all-gather
+        odd: set[int] = set()
+        for column in table.t().tolist():
+            common = max(set(column), key=column.count)
+            odd |= {r for r, value in enumerate(column) if value != common}
+        return sorted(odd)

@@ -78,6 +78,12 @@ def test_a_loop_whose_replicas_drift_fails_within_the_guards_window(mrun):
     message = result["error"]["message"]
     assert "parameters differ after step 15" in message, message
     assert "model." in message  # the tensor names
+    # The rank that drifted, named from every rank's fingerprints; failed, not retried
+    # (it is not the user's ordinary error: user_error_retries would not apply).
+    assert "rank(s) 1 differ from the other 3" in message, message
+    assert "not retried" in message, message
+    [failure] = result["failures"]
+    assert (failure["kind"], failure["failure_class"]) == ("replica_divergence", "integrity")
     assert result["steps_completed"] < 20
 
 

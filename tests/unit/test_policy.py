@@ -341,3 +341,28 @@ def test_loss_roll_backs_are_limited():
 def test_a_dead_rank_beside_a_loss_not_finite_is_replaced():
     decision, _ = decide([nan(1), died(3)], budget(), T0, CFG)
     assert decision.action is Action.REPLACE and decision.ranks == (3,)
+
+
+def diverged(rank: int, at: float = T0) -> WorkerFailure:
+    return WorkerFailure(
+        FailureKind.REPLICA_DIVERGENCE,
+        rank,
+        "node-a",
+        at,
+        step=40,
+        error_type="ReplicaDivergence",
+        message="the ranks' parameters differ after step 40 (...): rank(s) 3 differ from "
+        "the other 3; model.fc.weight",
+    )
+
+
+def test_diverged_replicas_fail_the_job_whatever_the_retries_saying_what_diverged():
+    """Not the user's ordinary error: user_error_retries does not retry it, nor does a
+    budget with restarts left; a dead rank beside it does not turn it into a replace."""
+    generous = Budget(0, 10, 0, 5)  # 5 user-error retries, 10 restarts
+    decision, reason = decide([diverged(0), diverged(1), died(2)], generous, T0, CFG)
+    assert decision == Decision(Action.FAIL)
+    assert reason.startswith("the ranks' parameters differ after step 40")
+    assert "rank(s) 3 differ from the other 3; model.fc.weight" in reason
+    assert "not retried" in reason and "failure.user_error_retries does not apply" in reason
+    assert diverged(0).failure_class.value == "integrity"
