@@ -29,9 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from stalwart.orchestrator.compat import RAY_MIN
+from stalwart.orchestrator.job_logs import (  # noqa: F401 (re-exported)
+    RESULT_PREFIX,
+    STATUS_PREFIX,
+    newest_status,
+    parse_status,
+    stream,
+    tail,
+)
 
-STATUS_PREFIX = "STALWART_STATUS "
-RESULT_PREFIX = "STALWART_RESULT "
 ARCHIVE_PREFIX = "STALWART_ARCHIVE "
 STATUS_EVERY_S = 5.0
 TOKEN_ENV = "STALWART_RAY_TOKEN"  # a bearer token for a cluster behind a proxy
@@ -127,6 +133,7 @@ class Job:
     start_time: float | None  # seconds
     end_time: float | None
     run_dir: str | None
+    driver_node: str | None = None  # the node its driver runs on (its log is there)
 
     @classmethod
     def of(cls, details: Any) -> Job:
@@ -139,6 +146,7 @@ class Job:
             start_time=details.start_time / 1000 if details.start_time else None,
             end_time=details.end_time / 1000 if details.end_time else None,
             run_dir=meta.get("stalwart_run_dir"),
+            driver_node=getattr(details, "driver_node_id", None),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -306,16 +314,24 @@ class Jobs:
         return self._call(self._client.get_job_logs, job.submission_id)
 
     def follow(self, job: Job, poll_s: float = 1.0) -> Iterator[str]:
-        """The job's log lines as they are written, until it ends."""
-        seen = 0
+        """The job's log lines as they are written, until it ends: streamed (each byte
+        read once), or, if the stream breaks, polled from where it got to."""
+        sent = 0
+        try:
+            for line in stream(self._client, job.submission_id):
+                sent += len(line) + 1
+                yield line
+            return
+        except (RuntimeError, OSError):
+            pass  # a proxy without websockets, a dropped connection: poll from `sent`
         while True:
             done = self.state(job) in TERMINAL
             text = self.logs(job)
             # A line still being written waits for its newline (or for the end).
             end = len(text) if done else text.rfind("\n") + 1
-            if end > seen:
-                yield from text[seen:end].splitlines()
-                seen = end
+            if end > sent:
+                yield from text[sent:end].splitlines()
+                sent = end
             if done:
                 return
             time.sleep(poll_s)  # the Jobs API has no push for logs over plain HTTP
@@ -326,8 +342,15 @@ class Jobs:
         return bool(self._call(self._client.stop_job, job.submission_id))
 
     def status(self, job: Job) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        """The newest progress snapshot the driver printed, and its result (once it ended)."""
-        return parse_status(self.logs(job))
+        """The newest progress snapshot the driver printed, and its result (once it ended),
+        from the log's tail (job_logs.py)."""
+        sid, node = job.submission_id, job.driver_node
+        if node is None:  # not known when it was listed (pending then): ask again
+            node = self.get(sid).driver_node
+        return newest_status(
+            lambda n: tail(self.address, self._headers, sid, node, n, TIMEOUT_S) if node else None,
+            lambda: self.logs(job),
+        )
 
     def fetch(self, job: Job, into: Path, timeout_s: float = 120.0) -> list[Path]:
         """Copy the job's run directory (on the head) into `into`."""
@@ -362,16 +385,6 @@ class Jobs:
             return fn(*args, **kwargs)
         except (RuntimeError, ConnectionError) as e:
             raise JobsError(f"{self.address}: {_first_line(e)}") from None
-
-
-def parse_status(text: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    progress = result = None
-    for line in text.splitlines():
-        if line.startswith(STATUS_PREFIX):
-            progress = _json_or_none(line[len(STATUS_PREFIX) :]) or progress
-        elif line.startswith(RESULT_PREFIX):
-            result = _json_or_none(line[len(RESULT_PREFIX) :]) or result
-    return progress, result
 
 
 def user_lines(lines: Iterator[str] | list[str], rank: int | None = None) -> Iterator[str]:
@@ -483,14 +496,6 @@ def _is_ours(details: Any) -> bool:
 def _version(text: str) -> tuple[int, ...]:
     m = re.match(r"(\d+)\.(\d+)", text)
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-
-
-def _json_or_none(text: str) -> dict[str, Any] | None:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _first_line(e: BaseException) -> str:
