@@ -3,10 +3,12 @@
 # suite. Used verbatim by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v promtool >/dev/null; then
+# Debian's: prometheus (promtool), and for the network-namespace cluster of the network
+# faults (orchestrator/chaos/netns.py) iproute2 (ip) and nftables (nft).
+if ! command -v promtool >/dev/null || ! command -v nft >/dev/null || ! command -v ip >/dev/null; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq prometheus >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq prometheus iproute2 nftables >/dev/null
 fi
 EXTRAS='[test,report,grafana]' . scripts/venv.sh
 ruff check .
