@@ -10,7 +10,7 @@ resiliency extension derives its heartbeat timeouts from observed intervals:
 - a generation's first step, and every step until the job has seen `min_steps`:
   `startup_s` (a rendezvous, a restore from storage, a compile take their time);
 - a rank waiting for its checkpoint copies to reach peer nodes (backpressure: a slow link
-  slows the copies, it hangs nothing): `startup_s` before replication is called stuck;
+  slows the copies, it hangs nothing): `copies_s` before replication is called stuck;
 - a rank past its step timeout whose training thread still uses its CPU (an evaluation
   every thousand steps, a long step the job has not seen yet) is busy, not hung: it gets
   up to `busy_limit_s`. A deadlock, a sleep, a blocked read use none.
@@ -30,6 +30,7 @@ class HangPolicy:
     floor_s: float = 20.0
     factor: float = 5.0
     startup_s: float = 300.0
+    copies_s: float = 60.0
     busy_limit_s: float = 1800.0
     min_steps: int = 5
 
@@ -39,22 +40,23 @@ class HangTimeouts:
     """The timeouts in use, and how they came about (for reasons, events and logs)."""
 
     step_s: float  # a step after its generation's first
-    startup_s: float  # a generation's first step; waiting for checkpoint copies
+    startup_s: float  # a generation's first step
     busy_limit_s: float  # a rank past step_s that still uses its CPU
     why: str
     derived: bool
+    copies_s: float = 60.0  # waiting for its checkpoint copies to reach peers
 
     @classmethod
     def fixed(cls, seconds: float) -> HangTimeouts:
         """health.hang_timeout_s: one timeout for everything, as the spec says."""
-        return cls(seconds, seconds, seconds, f"health.hang_timeout_s={seconds}", False)
+        return cls(seconds, seconds, seconds, f"health.hang_timeout_s={seconds}", False, seconds)
 
     def for_rank(self, r: RankView) -> float:
         """How long `r` may go without finishing a step."""
         if not self.derived:
             return self.step_s
         if r.copies_since is not None and r.collective_since is None:
-            return self.startup_s
+            return self.copies_s
         if not r.stepped:
             return self.startup_s
         if r.busy and not r.waiting:
@@ -70,9 +72,9 @@ class HangTimeouts:
             return f"hang timeout {seconds:.1f} s: {self.why}"
         if r.busy and not r.waiting and r.stepped:
             return f"busy on its CPU, health.hang.busy_limit_s={seconds:g}"
-        if not r.stepped:
+        if r.copies_since is None or r.collective_since is not None:
             return f"its generation's first step, health.hang.startup_s={seconds:g}"
-        return f"waiting for its checkpoint copies, health.hang.startup_s={seconds:g}"
+        return f"waiting for its checkpoint copies, health.hang.copies_s={seconds:g}"
 
 
 def derive(policy: HangPolicy, longest_step_s: float | None, steps_seen: int) -> HangTimeouts:
@@ -87,6 +89,7 @@ def derive(policy: HangPolicy, longest_step_s: float | None, steps_seen: int) ->
             f"not derived yet ({steps_seen} of health.hang.min_steps={p.min_steps} steps "
             f"seen): health.hang.startup_s={p.startup_s:g}",
             True,
+            p.copies_s,
         )
     scaled = p.factor * longest_step_s
     if scaled >= p.floor_s:

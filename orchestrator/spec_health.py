@@ -113,8 +113,14 @@ class HangSpec(_Model):
         300.0,
         gt=0,
         description="a generation's first step (rendezvous, restore, compile) and every "
-        "step before min_steps were seen; also how long ranks may wait for their checkpoint "
-        "copies before replication is called stuck",
+        "step before min_steps were seen",
+    )
+    copies_s: float = Field(
+        60.0,
+        gt=0,
+        description="how long ranks may wait at a step boundary for their checkpoint copies "
+        "to reach peer nodes (checkpoint.max_lag_steps) before replication is called stuck "
+        "(never less than the step timeout)",
     )
     busy_limit_s: float = Field(
         1800.0,

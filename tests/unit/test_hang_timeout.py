@@ -48,7 +48,7 @@ def test_which_timeout_a_rank_gets():
     t = derive(POLICY, 0.2, 10)
     assert t.for_rank(view(0, 1)) == 20.0
     assert t.for_rank(view(0, 1, stepped=False)) == 300.0  # its generation's first step
-    assert t.for_rank(view(0, 1, copies_since=NOW - 1)) == 300.0  # backpressure
+    assert t.for_rank(view(0, 1, copies_since=NOW - 1)) == 60.0  # backpressure
     assert t.for_rank(view(0, 1, busy=True)) == 1800.0
     # Busy inside a collective (spinning on it) is waiting, with the step's timeout.
     assert t.for_rank(view(0, 1, busy=True, collective_since=NOW - 1)) == 20.0
@@ -77,16 +77,21 @@ def test_an_idle_rank_is_hung_after_the_floor_and_a_busy_one_is_not():
     assert hang is not None and "busy on its CPU, health.hang.busy_limit_s=1800" in why
 
 
-def test_a_first_step_and_copy_waits_get_the_startup_allowance():
+def test_a_first_step_gets_the_startup_allowance_and_copy_waits_their_own():
     t = derive(POLICY, 0.2, 10)
     assert hung_ranks([view(0, 250, stepped=False)], NOW, t, BEAT) == (None, "steps advancing")
     hang, why = hung_ranks([view(0, 301, stepped=False)], NOW, t, BEAT)
     assert hang is not None and "its generation's first step, health.hang.startup_s=300" in why
-    copying = [view(r, 100, copies_since=NOW - 100) for r in range(2)]
+    copying = [view(r, 50, copies_since=NOW - 50) for r in range(2)]
     assert hung_ranks(copying, NOW, t, BEAT) == (None, "steps advancing")
-    copying = [view(r, 301, copies_since=NOW - 301) for r in range(2)]
+    copying = [view(r, 61, copies_since=NOW - 61) for r in range(2)]
     hang, why = hung_ranks(copying, NOW, t, BEAT)
     assert hang is not None and "replication is stuck" in why
+    assert "waiting for its checkpoint copies, health.hang.copies_s=60" in why
+    # Ranks in a collective behind the ones waiting for copies are not a stuck collective
+    # while those still wait within their allowance.
+    behind = [view(0, 50, copies_since=NOW - 50), view(1, 50, collective_since=NOW - 49)]
+    assert hung_ranks(behind, NOW, t, BEAT)[0] is None
 
 
 # --- the monitor --------------------------------------------------------------------------

@@ -33,7 +33,7 @@ def test_health_defaults():
     assert h.heartbeat_timeout_s == 3.0
     assert h.hang_timeout_s is None  # derived from the job's steps (health.hang)
     assert (h.hang.floor_s, h.hang.factor, h.hang.startup_s) == (20.0, 5.0, 300.0)
-    assert (h.hang.busy_limit_s, h.hang.min_steps) == (1800.0, 5)
+    assert (h.hang.busy_limit_s, h.hang.min_steps, h.hang.copies_s) == (1800.0, 5, 60.0)
     assert h.cordon_ttl_s == 3600.0
     assert h.straggler.policy == "alert"
     assert h.straggler.threshold == 2.0
