@@ -271,7 +271,13 @@ def test_every_example_scenario_is_run():
     assert set(SCENARIOS) | {"kill-worker"} == set(ALL) and len(ALL) >= 12
 
 
-@pytest.mark.parametrize("name", SCENARIOS)
+# The storm and the supervisor's own death take the longest (pytest -m long).
+LONG = {"storm", "kill-supervisor"}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.long) if n in LONG else n for n in SCENARIOS]
+)
 def test_example_scenario_passes(name, cluster, cache, tmp_path):
     sc = load_scenario(EXAMPLES / f"{name}.yaml", OVERRIDES.get(name, []))
     cluster.ensure_worker_nodes(max(3, sc.cluster.worker_nodes), exactly=True)

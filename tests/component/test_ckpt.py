@@ -102,6 +102,7 @@ def test_a_job_within_four_versions_per_rank_recovers_from_each_fault_kind(
     assert held and max(held) <= 4.1 * world * state, (max(held), state)
 
 
+@pytest.mark.long
 def test_nodes_lost_at_random_steps_of_a_fast_loop_cost_at_most_the_lag_bound(
     multinode, mrun, mbaseline
 ):

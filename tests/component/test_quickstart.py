@@ -26,6 +26,7 @@ FAULTS = (
 )
 
 
+@pytest.mark.long
 def test_quickstart_kill_recovers_to_the_failure_free_model(tmp_path):
     with_kill = stalwart(
         "run",
