@@ -51,30 +51,28 @@ class HangTimeouts:
         """health.hang_timeout_s: one timeout for everything, as the spec says."""
         return cls(seconds, seconds, seconds, f"health.hang_timeout_s={seconds}", False, seconds)
 
+    def _rule(self, r: RankView) -> tuple[float, str]:
+        """The timeout that applies to `r` (derived), and the setting it comes from."""
+        if r.copies_since is not None and r.collective_since is None:
+            return self.copies_s, "waiting for its checkpoint copies, health.hang.copies_s"
+        if not r.stepped:
+            return self.startup_s, "its generation's first step, health.hang.startup_s"
+        if r.busy and not r.waiting:
+            return self.busy_limit_s, "busy on its CPU, health.hang.busy_limit_s"
+        return self.step_s, ""
+
     def for_rank(self, r: RankView) -> float:
         """How long `r` may go without finishing a step."""
-        if not self.derived:
-            return self.step_s
-        if r.copies_since is not None and r.collective_since is None:
-            return self.copies_s
-        if not r.stepped:
-            return self.startup_s
-        if r.busy and not r.waiting:
-            return self.busy_limit_s
-        return self.step_s
+        return self._rule(r)[0] if self.derived else self.step_s
 
     def describe(self, r: RankView) -> str:
         """The timeout that applied to `r`, in words, for a hang's reason."""
         if not self.derived:
             return self.why
-        seconds = self.for_rank(r)
+        seconds, setting = self._rule(r)
         if seconds == self.step_s:
             return f"hang timeout {seconds:.1f} s: {self.why}"
-        if r.busy and not r.waiting and r.stepped:
-            return f"busy on its CPU, health.hang.busy_limit_s={seconds:g}"
-        if r.copies_since is None or r.collective_since is not None:
-            return f"its generation's first step, health.hang.startup_s={seconds:g}"
-        return f"waiting for its checkpoint copies, health.hang.copies_s={seconds:g}"
+        return f"{setting}={seconds:g}"
 
 
 def derive(policy: HangPolicy, longest_step_s: float | None, steps_seen: int) -> HangTimeouts:
