@@ -88,10 +88,11 @@ class Ledger:
         """One entry per failed rank (a collective error beside a root cause is its symptom,
         not a failure of its own), with the chaos fault that caused it if one did; `reached`:
         the newest step any rank reached; `fatal`: the job ends with them (nothing is
-        redone). Returns the new entries."""
+        redone). A divergence is one entry however many ranks' guards reported it. Returns
+        the new entries."""
         used = []
         recorded = len(self.failures)
-        for f in per_rank(failures):
+        for f in _incidents(failures):
             if f.kind is FailureKind.COMM_ERROR and any(
                 g.kind is not FailureKind.COMM_ERROR for g in failures
             ):
@@ -378,3 +379,15 @@ def pipeline_summary(outs: list[dict[str, Any]]) -> dict[str, Any] | None:
         "handover_ms_mean": mean_ms("handover_seconds"),
         "errors": sum(s["errors"] for s in stats),
     }
+
+
+def _incidents(failures: list[WorkerFailure]) -> list[WorkerFailure]:
+    """One failure per rank, except a replica divergence: every rank's guard finds the same
+    difference in the same collective, so it is one failure of the job (the first report),
+    however many ranks' reports reached the decision."""
+    ranks = per_rank(failures)
+    diverged = [f for f in ranks if f.kind is FailureKind.REPLICA_DIVERGENCE]
+    if len(diverged) < 2:
+        return ranks
+    first = min(diverged, key=lambda f: f.at)
+    return [f for f in ranks if f.kind is not FailureKind.REPLICA_DIVERGENCE or f is first]

@@ -193,6 +193,20 @@ def test_fatal_and_from_scratch_failures_count_their_steps():
     assert fatal["steps_redone"] is None  # nothing redone: the job ended
 
 
+def test_a_divergence_every_rank_reported_is_one_failure_of_the_job():
+    """Every rank's guard finds the same difference in one collective: however many of
+    their reports reach the decision, the job has one failure (the first report's)."""
+    ledger = Ledger(JobMetrics("j"), _book(), lambda etype, **kw: None)
+    div = FailureKind.REPLICA_DIVERGENCE
+    reports = [_failure(r, 10.0 + 0.01 * (3 - r), 15, kind=div) for r in range(4)]
+    (only,) = ledger.record_failures(reports, None, 10.1, 15, fatal=True)
+    assert (only["kind"], only["rank"]) == ("replica_divergence", 3)  # the earliest report
+    # Beside another rank's own failure, both stay.
+    died = _failure(1, 20.0, 15)
+    kinds = ledger.record_failures([reports[0], died, reports[2]], None, 20.1, 15, fatal=True)
+    assert sorted(f["kind"] for f in kinds) == ["replica_divergence", "worker_died"]
+
+
 def test_a_fault_during_replace_is_the_supervisors_and_fires_once_when_due():
     book = _book(
         {"kind": "kill_worker", "rank": 1, "at_step": 30},
