@@ -23,7 +23,7 @@ from stalwart.ckpt.footprint import LEAN_VERSIONS, NEWEST_KEPT, VERSIONS, free_b
 from stalwart.ckpt.ring import RingReader
 from stalwart.ckpt.snapshot import Snapshot, TensorMeta, payload_checksum
 from stalwart.ckpt.store import ShardInfo, ShmShardStore
-from stalwart.orchestrator.agent.channel import KEY_BYTES, ChannelServer
+from stalwart.orchestrator.agent.channel import KEY_BYTES, ChannelServer, StaleCopy
 from stalwart.orchestrator.agent.copy_gate import CopyGate
 from stalwart.orchestrator.agent.gpu_watch import GpuWatch
 from stalwart.orchestrator.agent.own_store import OwnStore
@@ -94,6 +94,7 @@ class NodeAgent:
             self.get_shard,
             self.replicas.reserve,
             before_put=self.replicas.make_room,
+            fenced=self._fenced,
         )
         self._refuse_upto = -1  # chaos drop_replicas: shards of steps <= this are lost
         self._prune_lock = threading.Lock()
@@ -184,6 +185,17 @@ class NodeAgent:
 
     def _stale(self, generation: int | None) -> bool:
         return generation is not None and generation < self._fence
+
+    def _fenced(self, generation: int | None) -> str | None:
+        """Why a peer's copy written by `generation` is refused: a recovery started a newer
+        generation (a node cut off by a partition may send its old one's shards once it
+        heals); None: kept."""
+        if not self._stale(generation):
+            return None
+        return (
+            f"a copy written by generation {generation}, fenced off: generation "
+            f"{self._fence} started since"
+        )
 
     def _refused(self, rank: int, step: int, generation: int | None) -> bool:
         """A hand-over not kept: of an aborted generation, or lost with the node's memory
@@ -300,8 +312,14 @@ class NodeAgent:
         """Send this node's shards of `step` to the peers next (in the background)."""
         self.replicator.replicate(step)
 
-    def put_replica(self, rank: int, snapshot: Snapshot) -> ShardInfo:
-        """A peer's copy of `rank`'s shard, through Ray (a peer that has no channel here)."""
+    def put_replica(
+        self, rank: int, snapshot: Snapshot, generation: int | None = None
+    ) -> ShardInfo:
+        """A peer's copy of `rank`'s shard (written by `generation`), through Ray (a peer
+        that has no channel here). Refused (StaleCopy) when a recovery fenced that
+        generation off."""
+        if (why := self._fenced(generation)) is not None:
+            raise StaleCopy(why)
         if snapshot.step <= self._refuse_upto:  # lost with the node's memory (chaos)
             return ShardInfo(rank, snapshot.step, 0)
         return self.replicas.put(rank, snapshot)

@@ -196,12 +196,18 @@ def _new_buffer(nbytes: int) -> np.ndarray:
     return np.empty(nbytes, dtype=np.uint8)
 
 
+class StaleCopy(ChannelError):
+    """A peer refused a copy: a recovery fenced off the generation that wrote it."""
+
+
 class ChannelServer:
     """An agent's end: serves puts into its replica store and gets of the shards it holds.
 
     `reserve(nbytes)`: a buffer a put's payload is read into; `on_put(rank, snapshot)`
     takes it (the snapshot owns that buffer); `on_get(rank, step)`: the shard, or None;
-    `before_put(rank, step)`: told of a put before its payload is read."""
+    `before_put(rank, step)`: told of a put before its payload is read; `fenced(generation)`:
+    why a copy written by `generation` is refused (a generation a recovery fenced off), or
+    None: such a put is read (the connection stays in step) and answered with the reason."""
 
     def __init__(
         self,
@@ -212,11 +218,12 @@ class ChannelServer:
         here: str | None = None,
         timeout_s: float = REQUEST_TIMEOUT_S,
         before_put: Callable[[int, int], Any] | None = None,
+        fenced: Callable[[int | None], str | None] | None = None,
     ):
         assert len(key) == KEY_BYTES
         self._key = key
         self._on_put, self._on_get, self._reserve = on_put, on_get, reserve
-        self._before_put = before_put
+        self._before_put, self._fenced = before_put, fenced
         self._here = here
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
@@ -312,12 +319,17 @@ class ChannelServer:
         return True
 
     def _put(self, conn: socket.socket, head: dict, deadline: float) -> None:
-        if self._before_put is not None:
+        gen = head.get("gen")
+        fenced = self._fenced(None if gen is None else int(gen)) if self._fenced else None
+        if self._before_put is not None and fenced is None:
             self._before_put(int(head["rank"]), int(head["step"]))
         try:
-            snap = _read_shard(conn, head, deadline, self._reserve)
+            snap = _read_shard(conn, head, deadline, _new_buffer if fenced else self._reserve)
         except ChecksumMismatch as e:  # cut or timed out: raised, the connection is dropped
             _send(conn, deadline, {"ok": False, "error": str(e)})
+            return
+        if fenced is not None:  # read (the connection stays in step), not kept
+            _send(conn, deadline, {"ok": False, "error": fenced, "fenced": True})
             return
         try:
             self._on_put(int(head["rank"]), snap)
@@ -347,13 +359,17 @@ class PeerLink:
     def __repr__(self) -> str:  # never the key
         return f"PeerLink({self.host}:{self.port})"
 
-    def put(self, rank: int, snap: Snapshot, timeout_s: float) -> None:
-        """Copy `rank`'s shard into the peer's replica store; returns once it holds it."""
+    def put(
+        self, rank: int, snap: Snapshot, timeout_s: float, generation: int | None = None
+    ) -> None:
+        """Copy `rank`'s shard (written by `generation`) into the peer's replica store;
+        returns once it holds it."""
         fields, metas, skeleton, payload = _body(snap)
-        header = {"op": "put", "rank": rank, **fields}
+        header = {"op": "put", "rank": rank, "gen": generation, **fields}
         reply = self._call(timeout_s, header, metas, skeleton, memoryview(payload))
         if not reply.get("ok"):
-            raise ChannelError(f"the peer refused the copy: {reply.get('error')}")
+            refused = StaleCopy if reply.get("fenced") else ChannelError
+            raise refused(f"the peer refused the copy: {reply.get('error')}")
 
     def get(
         self,

@@ -58,7 +58,7 @@ import ray
 
 from stalwart.ckpt.snapshot import Snapshot
 from stalwart.ckpt.store import MemoryShardStore, ShardInfo, ShardStore
-from stalwart.orchestrator.agent.channel import ChannelError, ChannelTimeout, PeerLink
+from stalwart.orchestrator.agent.channel import ChannelError, ChannelTimeout, PeerLink, StaleCopy
 
 SEND_TIMEOUT_S = 60.0
 RETRY_S = (0.2, 2.0)  # bounded lag: a failed copy is sent again after this, doubling
@@ -342,7 +342,7 @@ class Replicator:
             t0 = time.perf_counter()
             nbytes, outcome = 0, "failed"
             try:
-                nbytes, outcome = self._send(rank, step, peers)
+                nbytes, outcome = self._send(rank, step, peers, gen)
                 if outcome != "failed" and self._on_replicated is not None:
                     self._on_replicated(rank, step, gen)
             except Exception as e:  # never the end of the thread: reported, step uncommitted
@@ -371,9 +371,12 @@ class Replicator:
         self._cv.wait_for(lambda: self._stop, timeout=self._retry_s)
         self._retry_s = min(2 * self._retry_s, RETRY_S[1])
 
-    def _send(self, rank: int, step: int, peers: dict[str, Any]) -> tuple[int, str]:
-        """Copy `rank`'s shard of `step` to every peer: (bytes sent, "sent" when it reached
-        every peer, "failed" when one failed, "unsendable" when the shard is gone or
+    def _send(
+        self, rank: int, step: int, peers: dict[str, Any], gen: int | None = None
+    ) -> tuple[int, str]:
+        """Copy `rank`'s shard of `step` (written by generation `gen`) to every peer:
+        (bytes sent, "sent" when it reached every peer, "failed" when one failed (or
+        refused it: a peer that fenced `gen` off), "unsendable" when the shard is gone or
         damaged)."""
         snap = self._store.get(rank, step)
         if snap is None:
@@ -392,9 +395,12 @@ class Replicator:
             link = self._link(node, peer)
             if link is not None:
                 try:
-                    link.put(rank, snap, self._timeout_s)
+                    link.put(rank, snap, self._timeout_s, generation=gen)
                     with self._cv:
                         self.sends["channel"] += 1
+                    continue
+                except StaleCopy as e:  # refused: through Ray it would be refused again
+                    failed[node] = str(e)
                     continue
                 except ChannelTimeout as e:  # a stalled peer: Ray would wait as long
                     self._links.pop(node, None)
@@ -405,7 +411,7 @@ class Replicator:
                     self._channel_error(f"rank {rank} step {step} to {node[:12]}: {e}")
             through_ray[node] = peer
         if through_ray:
-            failed.update(self._send_through_ray(rank, snap, through_ray))
+            failed.update(self._send_through_ray(rank, snap, through_ray, gen))
         if failed:
             with self._cv:
                 self.errors += 1
@@ -441,11 +447,13 @@ class Replicator:
         self._links[node] = (actor, link)
         return link
 
-    def _send_through_ray(self, rank: int, snap: Snapshot, peers: dict[str, Any]) -> dict:
+    def _send_through_ray(
+        self, rank: int, snap: Snapshot, peers: dict[str, Any], gen: int | None = None
+    ) -> dict:
         """Copy `snap` to `peers` through Ray's object store; node -> why, for those that
-        failed or did not answer in time."""
+        failed (or refused it) or did not answer in time."""
         shared = ray.put(snap)  # serialized once, read by every peer
-        refs = {peer.put_replica.remote(rank, shared): node for node, peer in peers.items()}
+        refs = {peer.put_replica.remote(rank, shared, gen): node for node, peer in peers.items()}
         ready, late = ray.wait(list(refs), num_returns=len(refs), timeout=self._timeout_s)
         failed = {refs[r]: f"no answer within {self._timeout_s:g} s" for r in late}
         for ref in ready:

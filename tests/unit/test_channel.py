@@ -14,7 +14,7 @@ import torch
 
 from stalwart.ckpt.snapshot import SnapshotBuffer
 from stalwart.orchestrator.agent import channel as ch
-from stalwart.orchestrator.agent.channel import ChannelError, ChannelServer, PeerLink
+from stalwart.orchestrator.agent.channel import ChannelError, ChannelServer, PeerLink, StaleCopy
 from stalwart.orchestrator.agent.replication import ReplicaStore
 
 pytestmark = pytest.mark.timeout(60)
@@ -191,3 +191,61 @@ def test_a_closed_server_refuses_connections(agent):
     agent.server.close()
     with pytest.raises(ChannelError):
         PeerLink(address).get(0, 1, timeout_s=2)
+
+
+def test_a_copy_from_a_fenced_off_generation_is_refused_and_the_link_stays_usable():
+    """A node cut off by a partition sends its old generation's shards once it heals: the
+    peer (whose fence a recovery raised to 3) reads them, keeps nothing, makes no room for
+    them, and says why; the same connection then carries a current copy."""
+    fence = {"at": 3}
+    made_room: list = []
+    store = ReplicaStore(lean=True)
+
+    def fenced(gen):
+        return None if gen is None or gen >= fence["at"] else f"generation {gen} fenced off"
+
+    server = ChannelServer(
+        os.urandom(ch.KEY_BYTES),
+        on_put=store.adopt,
+        on_get=lambda r, s: None,
+        reserve=store.reserve,
+        here=HERE,
+        timeout_s=5.0,
+        before_put=lambda r, s: made_room.append((r, s)) or store.make_room(r, s),
+        fenced=fenced,
+    )
+    try:
+        link = PeerLink(server.address(HERE))
+        link.put(1, _snap(5), timeout_s=10, generation=3)
+        with pytest.raises(StaleCopy, match="refused the copy: generation 2 fenced off"):
+            link.put(1, _snap(7), timeout_s=10, generation=2)
+        assert store.stored() == {1: [5]} and made_room == [(1, 5)]
+        link.put(1, _snap(8), timeout_s=10, generation=3)  # the same link, in step
+        assert store.stored() == {1: [5, 8]}  # lean: the newest before 8 stays
+        link.close()
+    finally:
+        server.close()
+
+
+def test_a_copy_a_peer_fenced_off_is_failed_and_not_sent_again_through_ray(monkeypatch):
+    """The sender's side: a StaleCopy answer fails the copy (it commits nothing) and it
+    does not go through Ray instead, where it would be refused again."""
+    from stalwart.orchestrator.agent.replication import Replicator
+
+    snap = _snap(7, nbytes=1 << 10)
+    store = type("S", (), {"get": lambda self, r, s: snap, "stored": lambda self: {}})()
+    rep = Replicator(store)
+
+    class _Fenced:
+        def put(self, rank, s, timeout_s, generation=None):
+            raise StaleCopy(f"the peer refused the copy: generation {generation} fenced off")
+
+    through_ray: list = []
+    monkeypatch.setattr(rep, "_link", lambda node, peer: _Fenced())
+    monkeypatch.setattr(rep, "_send_through_ray", lambda *a: through_ray.append(a) or {})
+    try:
+        _, outcome = rep._send(1, 7, {"peer": object()}, 2)
+        assert outcome == "failed" and through_ray == []
+        assert "generation 2 fenced off" in rep.status()["last_error"]
+    finally:
+        rep.close()
