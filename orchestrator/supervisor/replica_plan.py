@@ -63,6 +63,9 @@ class ReplicaPlan:
         self._send_mark: dict[str, tuple[float, int]] = {}  # node -> (send seconds, rounds)
         self._round_s: float | None = None  # the last measured cost of a round of copies
         self._commit_seen: tuple[int | None, float] = (None, clock())  # (step, since)
+        # Since when a step newer than the commit was in every rank's memory: the stall
+        # counts from then (not from the job's start, before any step could be copied).
+        self._copyable_since: float | None = None
         self.required: int | None = None  # a step asked to commit (chaos after_commit)
         self._stall_reported = 0.0
         self._waits_reported = (0.0, float("-inf"))  # (seconds waited, when) at the last event
@@ -132,10 +135,17 @@ class ReplicaPlan:
         if moved:
             self._commit_seen = (committed, now)
             self.replicating = None
+            self._copyable_since = None
         if self.required is not None and committed is not None and committed >= self.required:
             self.required = None
         if self.copies <= 1 or not own:
             return
+        floor = committed if committed is not None else -1
+        if (
+            self._copyable_since is None
+            and max(set.intersection(*own.values()), default=-1) > floor
+        ):
+            self._copyable_since = now
         if self.required is not None and all(self.required in s for s in own.values()):
             if self.replicating is None or now - self.replicating[1] >= REPLICATION_ALIGN_S:
                 self.replicating = (self.required, now)
@@ -148,7 +158,7 @@ class ReplicaPlan:
         newest = max([s for s in complete if s % self.stride == 0] or complete, default=-1)
         if newest <= (committed if committed is not None else -1):
             return
-        stalled_s = now - self._commit_seen[1]
+        stalled_s = now - max(self._commit_seen[1], self._copyable_since or now)
         # Thinned copies commit once per stride: only a commit later than two strides'
         # time (or REPLICATION_ALIGN_S) is behind.
         grid_s = self.stride / self.steady_rate if self.steady_rate else 0.0

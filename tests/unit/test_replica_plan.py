@@ -136,3 +136,17 @@ def test_a_stalled_commit_is_aligned_without_a_bound_and_only_reported_with_one(
             assert agents["a"].asked() == [42] and plan.replicating[0] == 42
         else:  # every step is sent anyway; the ranks wait for theirs
             assert agents["a"].asked() == [] and plan.replicating is None
+
+
+def test_the_stall_counts_from_the_first_step_that_could_be_copied_not_from_the_start():
+    """A job whose workers took 40 s to start: its first step is not 40 s behind."""
+    clock = _Clock()
+    plan, _agents, events = _plan(every=1, clock=clock, max_lag=None)
+    plan.replicate({0: set(), 1: set()}, committed=None, statuses={})
+    clock.now += 40  # starting
+    plan.replicate({0: {0}, 1: {0}}, committed=None, statuses={})
+    assert [k for k, _ in events if k == "replication_behind"] == []
+    clock.now += REPLICATION_STALL_S + 1  # step 0 copyable, and still not committed
+    plan.replicate({0: {0, 1}, 1: {0, 1}}, committed=None, statuses={})
+    [fields] = [f for kind, f in events if kind == "replication_behind"]
+    assert fields["seconds"] == REPLICATION_STALL_S + 1
