@@ -83,6 +83,7 @@ def run(
 ) -> None:
     """Run each SCENARIO: its failure-free baseline, its chaos run, and a verdict (PASS or
     FAIL, with what each fault cost)."""
+    from stalwart.orchestrator.chaos.netns import NetnsError
     from stalwart.orchestrator.chaos.render import junit, table
     from stalwart.orchestrator.chaos.runner import (
         BaselineFailed,
@@ -159,7 +160,7 @@ def run(
         except (ChaosRefused, ClusterUnreachable, JobAlreadyRunning, UnsupportedDependency) as e:
             discard_if_empty(created)
             fail(str(e), EXIT_USAGE)
-        except (BaselineFailed, SupervisorLost, ShmMountFailed) as e:
+        except (BaselineFailed, SupervisorLost, ShmMountFailed, NetnsError) as e:
             err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
             sys.exit(EXIT_FAILED)
         verdicts.append(v)

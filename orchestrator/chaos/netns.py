@@ -21,6 +21,8 @@ start one for their own chaos runs on one machine:
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import os
 import secrets
 import shutil
@@ -35,6 +37,10 @@ from pathlib import Path
 PREFIX = "stw"  # of every namespace, link and nft table this module makes
 TABLE = "stalwart_chaos"  # the nft table a fault adds in a node's namespace
 START_TIMEOUT_S = 60.0
+NO_NETEM = (
+    "a delay needs the kernel's netem queueing discipline (sch_netem), and this kernel has "
+    "none (`tc qdisc add ... netem` is refused)"
+)
 
 
 class NetnsError(Exception):
@@ -46,17 +52,33 @@ def missing() -> list[str]:
     lack = []
     if os.geteuid() != 0:
         lack.append("root (network namespaces and nftables rules need it)")
-    for tool, package in (("ip", "iproute2"), ("nft", "nftables")):
+    for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("nft", "nftables")):
         if shutil.which(tool) is None:
             lack.append(f"`{tool}` (Debian's {package} package)")
-    if shutil.which("ray") is None:
-        lack.append("`ray` on PATH (the nodes are started with `ray start`)")
+    if ray_command() is None:
+        lack.append("`ray` beside this Python or on PATH (the nodes are started with `ray start`)")
     return lack
 
 
-def _run(*cmd: str, ns: str | None = None, stdin: str | None = None) -> str:
+def ray_command() -> str | None:
+    """Ray's CLI: the one installed beside this Python (a virtual environment's, even when
+    it is not on PATH), else the one on PATH."""
+    beside = Path(sys.executable).parent / "ray"
+    return str(beside) if beside.is_file() else shutil.which("ray")
+
+
+def _run(
+    *cmd: str, ns: str | None = None, stdin: str | None = None, env: dict | None = None
+) -> str:
     full = (["ip", "netns", "exec", ns] if ns else []) + list(cmd)
-    done = subprocess.run(full, input=stdin, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        full,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env} if env else None,
+    )
     if done.returncode != 0:
         raise NetnsError(f"`{' '.join(full)}` failed: {done.stderr.strip() or done.returncode}")
     return done.stdout
@@ -80,7 +102,7 @@ class NetNode:
     ip: str
     veth: str
     proc: subprocess.Popen | None = None
-    partitioned: bool = field(default=False)
+    faults: set[str] = field(default_factory=set)  # what is on its link: cut, loss, delay
 
 
 class NetnsCluster:
@@ -151,7 +173,14 @@ class NetnsCluster:
         _run("ip", "addr", "add", f"{node.ip}/24", "dev", "eth0", ns=node.ns)
         _run("ip", "link", "set", "eth0", "up", ns=node.ns)
         _run("ip", "link", "set", "lo", "up", ns=node.ns)
-        _run("ip", "route", "add", "default", "via", self.head_ip, ns=node.ns)
+        # No default route: the /24 is all a node reaches. With one, the name lookups its
+        # processes make (torch's store logs each client's host name) would go to this
+        # machine's resolver through the bridge, that forwards nothing: 10 s of DNS
+        # timeouts per connection; without, they fail at once.
+        self._start_raylet(node)
+        return node
+
+    def _start_raylet(self, node: NetNode) -> None:
         # One at a time: raylets starting together in one session pick the same socket names.
         node.proc = self._ray(
             node.ns,
@@ -160,11 +189,10 @@ class NetnsCluster:
             f"--num-cpus={self.cpus_per_node}",
         )
         self._await_nodes(1 + sum(1 for n in self.nodes if n.proc is not None))
-        return node
 
     def _ray(self, ns: str | None, *args: str) -> subprocess.Popen:
         name = ns or "head"
-        cmd = ["ray", "start", "--block", "--disable-usage-stats", *args]
+        cmd = [ray_command() or "ray", "start", "--block", "--disable-usage-stats", *args]
         if ns is not None:
             cmd = ["ip", "netns", "exec", ns, *cmd]
         with open(self._logs / f"{name}.log", "w") as out:
@@ -237,28 +265,116 @@ class NetnsCluster:
 
     # --- faults -----------------------------------------------------------------------------
 
-    def partition(self, node: NetNode) -> None:
-        """Cut `node` off from every other node and the head: all of its packets dropped,
-        both ways (its processes live on, as on a real partition)."""
+    def partition(self, node: NetNode, peers: list[str] | None = None) -> None:
+        """Cut `node` off from `peers` (addresses: other nodes', the head's), or from every
+        address: all of those packets dropped, both ways (its processes live on, as on a
+        real partition)."""
+        if peers is None:
+            match_in, match_out = 'iifname "eth0"', 'oifname "eth0"'
+        else:
+            ips = ", ".join(peers)
+            match_in, match_out = f"ip saddr {{ {ips} }}", f"ip daddr {{ {ips} }}"
+        self._table(node, "cut", f"{match_in} drop", f"{match_out} drop")
+
+    def lose(self, node: NetNode, percent: float) -> None:
+        """Drop `percent` of the packets on `node`'s link, each way, at random."""
+        # numgen picks 0..9999 per packet: percent to a hundredth.
+        below = max(1, round(percent * 100))
+        rule = f"numgen random mod 10000 < {below} drop"
+        self._table(node, "loss", f'iifname "eth0" {rule}', f'oifname "eth0" {rule}')
+
+    def delay(self, node: NetNode, ms: float, jitter_ms: float = 0.0) -> None:
+        """Hold every packet `node` sends for `ms` (give or take `jitter_ms`): netem, on
+        the node's side of its link, so both directions of a conversation wait once."""
+        if not netem_available():
+            raise NetnsError(NO_NETEM)
+        args = ["delay", f"{ms:g}ms"] + ([f"{jitter_ms:g}ms"] if jitter_ms else [])
+        _run("tc", "qdisc", "replace", "dev", "eth0", "root", "netem", *args, ns=node.ns)
+        node.faults.add("delay")
+
+    def _table(self, node: NetNode, name: str, inbound: str, outbound: str) -> None:
+        table = f"{TABLE}_{name}"
         _run(
             "nft",
             "-f",
             "-",
             ns=node.ns,
             stdin=(
-                f"table inet {TABLE} {{\n"
-                '  chain in { type filter hook input priority 0; iifname "eth0" drop; }\n'
-                '  chain out { type filter hook output priority 0; oifname "eth0" drop; }\n'
+                f"table inet {table} {{\n"
+                f"  chain in {{ type filter hook input priority 0; {inbound}; }}\n"
+                f"  chain out {{ type filter hook output priority 0; {outbound}; }}\n"
                 "}\n"
             ),
         )
-        node.partitioned = True
+        node.faults.add(name)
 
     def heal(self, node: NetNode) -> None:
-        """Undo `node`'s partition (or any fault this module put on its link)."""
-        if node.partitioned:
-            _run("nft", "delete", "table", "inet", TABLE, ns=node.ns)
-            node.partitioned = False
+        """Undo every fault this module put on `node`'s link."""
+        for name in sorted(node.faults):
+            if name == "delay":
+                _run("tc", "qdisc", "del", "dev", "eth0", "root", ns=node.ns)
+            else:
+                _run("nft", "delete", "table", "inet", f"{TABLE}_{name}", ns=node.ns)
+            node.faults.discard(name)
+
+    def cannot(self, faults: list) -> str | None:
+        """Why this machine cannot carry out one of a scenario's network faults (a delay
+        without netem), before anything runs; None when it can."""
+        for i, f in enumerate(faults):
+            if f.kind == "delay" and not netem_available():
+                return f"faults.{i} (delay): {NO_NETEM}"
+        return None
+
+    def ensure_nodes(self) -> None:
+        """Start again every worker node whose raylet ended (Ray declared it dead after a
+        long partition, say): in its namespace, with its address, for the next run."""
+        for node in self.nodes:
+            if node.proc is not None and node.proc.poll() is None:
+                continue
+            self.heal(node)
+            self.kill_node(node)
+            self._start_raylet(node)
+
+    # --- which node is which ----------------------------------------------------------------
+
+    def node_id(self, node: NetNode) -> str | None:
+        """Ray's id of `node` (its raylet now), or None when it has none alive."""
+        return self._ids().get(node.ip)
+
+    def node_by_id(self, node_id: str) -> NetNode | None:
+        ips = {i: ip for ip, i in self._ids().items()}
+        return next((n for n in self.nodes if n.ip == ips.get(node_id)), None)
+
+    def _ids(self) -> dict[str, str]:
+        """Node address -> Ray's node id, of the nodes alive in the head's table: from
+        this process's Ray connection when it is this cluster's, else a subprocess."""
+        import ray
+
+        if ray.is_initialized() and ray.get_runtime_context().gcs_address == self.address:
+            nodes = ray.nodes()
+        else:
+            code = (
+                "import json, ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
+                "print(json.dumps(ray.nodes()))"
+            )
+            out = _run(sys.executable, "-c", code, self.address, env=self.env)
+            nodes = json.loads(out.strip().splitlines()[-1])
+        return {n["NodeManagerAddress"]: n["NodeID"] for n in nodes if n["Alive"]}
+
+
+@functools.cache
+def netem_available() -> bool:
+    """Whether this kernel has netem (asked once, on a throwaway namespace's loopback)."""
+    ns = f"{PREFIX}probe{os.getpid()}"
+    try:
+        _run("ip", "netns", "add", ns)
+        _run("tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms", ns=ns)
+        return True
+    except NetnsError:
+        return False
+    finally:
+        with _suppress():
+            _run("ip", "netns", "del", ns)
 
 
 def _suppress() -> contextlib.AbstractContextManager:

@@ -43,7 +43,7 @@ def table(v: Verdict) -> Any:
         outcome = r.outcome.partition(":")[0]  # the reason is in the checks
         faults.add_row(
             str(r.index),
-            f"{r.kind} rank {r.rank} @{r.at_step}",
+            f"{r.kind} {r.label}",
             outcome,
             _s(r.detected_after_s),
             _s(r.recovered_after_s),
@@ -88,7 +88,7 @@ def junit(verdicts: list[Verdict]) -> str:
                 ET.SubElement(case, "failure", message=c.detail[:500]).text = c.detail
         out = ET.SubElement(suite, "system-out")
         out.text = "\n".join(
-            f"fault {r.index} {r.kind} rank {r.rank} step {r.at_step}: {r.outcome}; "
+            f"fault {r.index} {r.kind} {r.label}: {r.outcome}; "
             f"detected after {_s(r.detected_after_s)}, recovered after "
             f"{_s(r.recovered_after_s)}, steps lost {r.steps_lost}, restored step "
             f"{r.restored_step} from {_tiers(r.tiers)}"

@@ -21,13 +21,17 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from stalwart.orchestrator.chaos.network import NetworkInjector
 from stalwart.orchestrator.chaos.render import junit
 from stalwart.orchestrator.chaos.scenario import Scenario, TimedFault, job_specs
 from stalwart.orchestrator.chaos.verdict import Verdict, judge
 from stalwart.orchestrator.driver import ChaosRefused, RunOptions, check_chaos_allowed, run_job
 from stalwart.orchestrator.spec import JobSpec
+
+if TYPE_CHECKING:
+    from stalwart.orchestrator.chaos.netns import NetnsCluster
 
 PACKAGE = Path(__file__).resolve().parents[2]  # the installed `stalwart` package
 SUBPACKAGES = ("orchestrator", "health", "ckpt", "dashboards", "examples")
@@ -47,6 +51,9 @@ class ChaosOptions:
     use_cache: bool = True
     cache_dir: Path | None = None  # default: $STALWART_CACHE_DIR or ~/.cache/stalwart
     prometheus_url: str | None = None
+    # A network-namespace cluster the caller started (its address is `address`): the
+    # scenario's network faults are carried out on it.
+    netns: NetnsCluster | None = None
 
 
 def cache_dir(opts: ChaosOptions) -> Path:
@@ -126,14 +133,32 @@ def small_shm(nbytes: int | None, where: Path) -> Iterator[str | None]:
 
 
 @contextlib.contextmanager
-def scenario_cluster(sc: Scenario, opts: ChaosOptions) -> Iterator[tuple[str | None, bool]]:
-    """(address, owned): the cluster both runs use. A local multi-node Ray the command
-    starts here is stopped on the way out (its loopback ports only)."""
+def scenario_cluster(
+    sc: Scenario, opts: ChaosOptions
+) -> Iterator[tuple[str | None, bool, NetnsCluster | None]]:
+    """(address, owned, netns): the cluster both runs use, and its network-namespace
+    handle when its nodes have networks of their own. A local multi-node Ray the command
+    starts here is stopped on the way out (its loopback ports, or its namespaces, only)."""
     if opts.address is not None:
-        yield opts.address, opts.owns_cluster
+        with _environ(opts.netns.env if opts.netns else {}):
+            yield opts.address, opts.owns_cluster, opts.netns
         return
     if sc.cluster.worker_nodes == 0:
-        yield None, True  # each run's embedded Ray
+        yield None, True, None  # each run's embedded Ray
+        return
+    if sc.cluster.network == "netns":
+        from stalwart.orchestrator.chaos.netns import NetnsCluster
+
+        with (
+            NetnsCluster(sc.cluster.worker_nodes, sc.cluster.cpus_per_node) as netns,
+            _environ(netns.env),
+        ):
+            try:
+                yield netns.address, True, netns
+            finally:
+                import ray
+
+                ray.shutdown()
         return
     from ray.cluster_utils import Cluster
 
@@ -146,12 +171,27 @@ def scenario_cluster(sc: Scenario, opts: ChaosOptions) -> Iterator[tuple[str | N
         for _ in range(sc.cluster.worker_nodes):
             cluster.add_node(num_cpus=sc.cluster.cpus_per_node)
         cluster.wait_for_nodes()
-        yield cluster.address, True
+        yield cluster.address, True, None
     finally:
         import ray
 
         ray.shutdown()
         cluster.shutdown()
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    """`env` in this process's environment (the drivers' Ray reads it), then as it was."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class AlertWatch:
@@ -334,8 +374,17 @@ def run_scenario(
         )
     with (
         small_shm(sc.cluster.shm_bytes, opts.output) as shm_dir,
-        scenario_cluster(sc, opts) as (address, owned),
+        scenario_cluster(sc, opts) as (address, owned, netns),
     ):
+        net_faults = sc.network_faults(faulty.max_workers)
+        if net_faults and netns is None:
+            raise ChaosRefused(
+                f"{', '.join(sorted({f.kind for f in net_faults}))} faults are carried out on "
+                "a cluster whose nodes have networks of their own, that this command starts "
+                "(cluster: {network: netns}): not on the cluster at --address"
+            )
+        if net_faults and (why := netns.cannot(net_faults)):
+            raise ChaosRefused(why)
         if shm_dir is not None:
             clean, faulty = (_with_shm(spec, shm_dir) for spec in (clean, faulty))
         # Refused before the baseline runs, not after it.
@@ -344,7 +393,8 @@ def run_scenario(
             RunOptions(address=address, owns_cluster=owned, allow_remote_chaos=opts.allow_remote),
         )
         digest = baseline_digest(clean, address, owned, opts, say)
-        say(f"chaos run: {faulty.name}, {len(faulty.chaos.faults)} fault(s)")
+        on_net = f" and {len(net_faults)} of the network" if net_faults else ""
+        say(f"chaos run: {faulty.name}, {len(faulty.chaos.faults)} fault(s){on_net}")
         watch = (
             AlertWatch(opts.prometheus_url, faulty.name, time.time())
             if opts.prometheus_url
@@ -353,12 +403,14 @@ def run_scenario(
         events_path = opts.output / "chaos" / "events.jsonl"
         timed = sc.resolved(faulty.max_workers)[1]
         injector = TimedInjector(timed, faulty.name, events_path, opts.allow_remote)
+        cutter = NetworkInjector(net_faults, netns, events_path) if net_faults else None
         try:
             result = _run(
                 faulty, opts.output / "chaos", address, owned, opts, on_progress=on_progress
             )
         finally:
             injected = injector.finish()
+            network = cutter.finish() if cutter else []
         alerts = watch.finish(sc.expect.alerts, sc.expect.alerts_within_s) if watch else None
         alerts_error = watch.error if watch else None
     events = [json.loads(line) for line in events_path.read_text().splitlines() if line]
@@ -370,7 +422,7 @@ def run_scenario(
     for t, answer in injected:
         if "error" in answer:
             faults.append({**t.fault, "at_step": -1, "refused": answer["error"]})
-    verdict = judge(sc, faults, result, events, digest, alerts, alerts_error)
+    verdict = judge(sc, faults, result, events, digest, alerts, alerts_error, network)
     (opts.output / "verdict.json").write_text(json.dumps(verdict.to_dict(), indent=2) + "\n")
     (opts.output / "junit.xml").write_text(junit([verdict]))
     return verdict

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
+from stalwart.orchestrator.chaos import network
 from stalwart.orchestrator.spec import (
     JobSpec,
     SpecError,
@@ -56,6 +57,13 @@ class Cluster(_Model):
 
     worker_nodes: StrictInt = Field(0, ge=0, le=16)
     cpus_per_node: StrictInt = Field(2, ge=1)
+    network: Literal["loopback", "netns"] = Field(
+        "loopback",
+        description="netns: each worker node in a network namespace of its own, wired to "
+        "the head by a bridge (orchestrator/chaos/netns.py; root, iproute2 and nftables), "
+        "for the network faults (partition, loss, delay, flap); loopback: the nodes share "
+        "this machine's network",
+    )
     shm_bytes: StrictInt | None = Field(
         None,
         ge=16 << 20,
@@ -91,6 +99,12 @@ class Expect(_Model):
         description="the memory the nodes hold for checkpoints stays flat after the last "
         "fault (its peak in the run's last half at most 1.25x that of the half before)",
     )
+    max_failures: StrictInt | None = Field(
+        None,
+        ge=0,
+        description="failures of the job (every rank's, every kind) at most: 0 for a fault "
+        "the job must ride out without a recovery (a short partition, a lossy link)",
+    )
     from_scratch_ok: bool = Field(
         False,
         description="a recovery may restart the job from step 0 (no restore point): by "
@@ -113,6 +127,36 @@ class Scenario(_Model):
     expect: Expect = Field(default_factory=Expect)
     source: Path | None = Field(None, exclude=True)  # the file it was read from
 
+    @model_validator(mode="after")
+    def _network_faults_need_their_cluster(self) -> Scenario:
+        for i, f in enumerate(self.faults):
+            if not network.is_network(f):
+                continue
+            try:
+                network.parse(f)
+            except ValidationError as e:
+                errors = [_format_error(err) for err in e.errors()]
+                raise ValueError(f"faults.{i}: " + "; ".join(errors)) from None
+            if self.cluster.network != "netns" or self.cluster.worker_nodes < 1:
+                raise ValueError(
+                    f"faults.{i}: a {f['kind']} fault needs worker nodes with networks of "
+                    "their own: cluster: {network: netns, worker_nodes: N}"
+                )
+        return self
+
+    def network_faults(self, workers: int) -> list[network.NetFault]:
+        """The scenario's faults of the network (orchestrator/chaos/network.py), with a
+        `rank: random` drawn from the scenario's seed."""
+        rng = random.Random(self.seed + 1)  # their own draws: the job's faults keep theirs
+        out = []
+        for f in self.faults:
+            if network.is_network(f):
+                f = dict(f)
+                if f.get("rank") == "random":
+                    f["rank"] = rng.randrange(workers)
+                out.append(network.parse(f))
+        return out
+
     def resolved_faults(self, workers: int) -> list[dict[str, Any]]:
         """The faults fired at a step, as job spec faults: `rank: random` drawn and
         `probability` decided (seeded)."""
@@ -127,6 +171,8 @@ class Scenario(_Model):
         rng = random.Random(self.seed)
         steps, timed = [], []
         for f in self.faults:
+            if network.is_network(f):
+                continue  # carried out from outside the job: network_faults()
             f = dict(f)
             chance = f.pop("probability", 1.0)
             after, every = f.pop("after_seconds", None), f.pop("every_seconds", None)

@@ -41,6 +41,12 @@ class FaultRow:
     restored_step: int | None = None
     tiers: dict[str, int] = field(default_factory=dict)  # restore tier -> ranks
     noticed: str | None = None  # for kinds that fail no rank: the event that shows it
+    target: str | None = None  # a network fault's: "n2 (rank 1)", what it hit
+
+    @property
+    def label(self) -> str:
+        """What was hit, and when: "rank 1 @30", or a network fault's node."""
+        return f"{self.target or f'rank {self.rank}'} @{self.at_step}"
 
 
 @dataclass
@@ -103,6 +109,51 @@ def fault_rows(result: dict[str, Any], events: list[dict[str, Any]], faults: lis
     return rows
 
 
+# A node's failure this long after its network fault healed is still that fault's (a
+# cut-off node's raylet is declared dead by Ray's own health checks, later than stalwart's).
+NETWORK_ATTRIBUTION_S = 60.0
+
+
+def network_rows(
+    result: dict[str, Any], applied: list[dict[str, Any]], first: int
+) -> list[FaultRow]:
+    """The rows of the network faults `stalwart chaos run` carried out (network.py's
+    records), numbered from `first`: the failures of the node each hit, while it was cut
+    or degraded or soon after, are its; times count from when it was applied."""
+    rows = []
+    for j, a in enumerate(applied):
+        at_step = a.get("step") if a.get("at_step") is None else a["at_step"]
+        rank = a.get("rank") if isinstance(a.get("rank"), int) else -1
+        target = a.get("target") or (f"node {a['node']}" if a.get("node") else None)
+        if target and isinstance(a.get("rank"), int):
+            target = f"{target} (rank {a['rank']})"
+        row = FaultRow(first + j, a["kind"], rank, -1 if at_step is None else at_step, "")
+        row.outcome, row.target = a["outcome"], target
+        if a["outcome"] == "injected":
+            until = (a.get("healed_at") or float("inf")) + NETWORK_ATTRIBUTION_S
+            mine = [
+                x
+                for x in result.get("failures", [])
+                if x.get("node") == a.get("node_id") and a["at"] <= x["detected_at"] <= until
+            ]
+            row.failures = len(mine)
+            if mine:
+                row.detected_after_s = round(max(x["detected_at"] for x in mine) - a["at"], 4)
+                back = [
+                    x["detected_at"] + x["recovered_after_s"]
+                    for x in mine
+                    if x.get("recovered_after_s") is not None
+                ]
+                row.recovered_after_s = round(max(back) - a["at"], 4) if back else None
+                row.steps_lost = _worst(x.get("steps_redone") for x in mine)
+                row.restored_step = mine[0].get("restored_step")
+                row.tiers = dict(mine[0].get("restore_tiers") or {})
+            held = sum(end - start for start, end in a.get("windows", []))
+            row.noticed = f"{len(a.get('windows', []))} window(s), {held:.1f} s in all"
+        rows.append(row)
+    return rows
+
+
 def _worst(values) -> Any:
     known = [v for v in values if v is not None]
     return max(known) if known else None
@@ -134,11 +185,13 @@ def judge(
     baseline_digest: str | None,
     alerts: dict[str, float] | None = None,
     alerts_error: str | None = None,
+    network: list[dict[str, Any]] = (),
 ) -> Verdict:
-    """The verdict of one chaos run of `sc` (its resolved `faults`); `alerts_error`: why
-    Prometheus did not answer when last asked, if it did not."""
+    """The verdict of one chaos run of `sc` (its resolved `faults`, and the records of the
+    `network` faults carried out on its cluster); `alerts_error`: why Prometheus did not
+    answer when last asked, if it did not."""
     ex = sc.expect
-    rows = fault_rows(result, events, faults)
+    rows = fault_rows(result, events, faults) + network_rows(result, list(network), len(faults))
     checks: list[Check] = []
     status = result.get("status", "?")
     if ex.finishes:
@@ -166,7 +219,7 @@ def judge(
         checks.append(Check(f"{label}: injected", row.outcome == "injected", row.outcome))
         if row.outcome != "injected":
             continue
-        wanted = _noticed_by(faults[row.index])
+        wanted = _noticed_by(faults[row.index]) if row.index < len(faults) else ()
         if row.failures == 0 and wanted:
             checks.append(
                 Check(
@@ -194,6 +247,16 @@ def judge(
                     f"{seconds(took)} (at most {limit:g} s)",
                 )
             )
+    if ex.max_failures is not None:
+        n = len(result.get("failures", []))
+        kinds = sorted({x["kind"] for x in result.get("failures", [])})
+        checks.append(
+            Check(
+                "failures",
+                n <= ex.max_failures,
+                f"{n} (at most {ex.max_failures})" + (f": {', '.join(kinds)}" if n else ""),
+            )
+        )
     # Restarted from scratch: restored step 0 (or nothing) with steps to redo.
     scratch = [
         x

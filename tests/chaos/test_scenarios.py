@@ -31,18 +31,15 @@ pytestmark = [pytest.mark.component, pytest.mark.timeout(900)]
 EXAMPLES = REPO / "examples" / "chaos"
 # kill-worker runs through the CLI below (test_chaos_run_cli_on_a_cluster_it_did_not_start).
 ALL = sorted(p.stem for p in EXAMPLES.glob("*.yaml") if p.name != "job.yaml")
-SCENARIOS = [name for name in ALL if name != "kill-worker"]
+# The faults of the network need nodes with networks of their own: test_network.py.
+NETWORK = sorted(n for n in ALL if load_scenario(EXAMPLES / f"{n}.yaml").cluster.network == "netns")
+SCENARIOS = [name for name in ALL if name != "kill-worker" and name not in NETWORK]
 
 
 @pytest.fixture(scope="module")
 def cluster(multinode):
     """This module's multi-node Ray (tests/component/conftest.py's `multinode`)."""
     return multinode
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("chaos-cache")
 
 
 def _of(events: list[dict], kind: str) -> list[dict]:
@@ -268,7 +265,11 @@ def _failed(verdict) -> str:
 
 
 def test_every_example_scenario_is_run():
-    assert set(SCENARIOS) | {"kill-worker"} == set(ALL) and len(ALL) >= 12
+    from tests.chaos.test_network import RUN
+
+    assert set(SCENARIOS) | {"kill-worker"} | set(NETWORK) == set(ALL) and len(ALL) >= 12
+    # Each network scenario runs there, alone or within one that holds its faults.
+    assert set(NETWORK) == set(RUN) | {n for covered in RUN.values() for n in covered}
 
 
 # The storm and the supervisor's own death take the longest (pytest -m long).

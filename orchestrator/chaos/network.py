@@ -1,0 +1,267 @@
+"""Faults of the network in a chaos scenario: `partition`, `loss`, `delay` and `flap` on a
+worker node's links, carried out by `stalwart chaos run` on a cluster whose nodes have
+networks of their own (orchestrator/chaos/netns.py, `cluster.network: netns`).
+
+Unlike the job's own faults (orchestrator/spec_faults.py, carried out by stalwart inside
+the job), these are done to the job from outside, as a switch or a cable would: nothing in
+the job is told. So they live in the scenario, not in the job spec; a job spec names none.
+
+    faults:
+      - {kind: partition, rank: 1, at_step: 30, seconds: 15}   # rank 1's node, from all
+      - {kind: partition, node: 2, from: [head], after_seconds: 20, seconds: 5}
+      - {kind: loss, rank: 2, percent: 5, at_step: 10, seconds: 20}
+      - {kind: delay, rank: 2, ms: 200, at_step: 10, seconds: 20}       # needs netem
+      - {kind: flap, rank: 1, at_step: 20, down_s: 1, up_s: 4, count: 3}
+
+A fault fires once the job reached `at_step` (read from its throughput events, about once
+a second) or `after_seconds` after it started training, on the worker node that then hosts
+`rank` (or the `node`-th worker node), and is healed `seconds` later (null: when the job
+ends). What each did, and when, goes to the verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from stalwart.orchestrator.chaos.netns import NetNode, NetnsCluster
+
+
+class _NetFault(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    rank: int | Literal["random"] | None = Field(
+        None, description="hit the worker node that hosts this rank when the fault fires"
+    )
+    node: int | None = Field(
+        None, ge=1, description="instead of `rank`: the node-th worker node (1 is the first)"
+    )
+    at_step: int | None = Field(None, ge=0, description="fire once the job reached this step")
+    after_seconds: float | None = Field(
+        None, ge=0, description="instead of at_step: fire this long after training started"
+    )
+    seconds: float | None = Field(
+        None, gt=0, description="heal after this long (null: when the job ends)"
+    )
+
+    @model_validator(mode="after")
+    def _one_target_one_trigger(self) -> _NetFault:
+        if (self.rank is None) == (self.node is None):
+            raise ValueError("name one of `rank` (its node) or `node` (1, 2, ...)")
+        if (self.at_step is None) == (self.after_seconds is None):
+            raise ValueError("name one of `at_step` or `after_seconds`")
+        return self
+
+
+class Partition(_NetFault):
+    """Cut the node off: every packet between it and `from` dropped, both ways (its
+    processes live on, as on a real partition)."""
+
+    kind: Literal["partition"]
+    from_: list[int | Literal["head"]] | None = Field(
+        None,
+        alias="from",
+        min_length=1,
+        description="the nodes (numbers, or `head`: the supervisor's and the GCS's node) "
+        "it is cut off from; null: all of them",
+    )
+
+
+class Loss(_NetFault):
+    """Drop this share of the node's packets, each way, at random."""
+
+    kind: Literal["loss"]
+    percent: float = Field(gt=0, lt=100, description="packets dropped, percent")
+
+
+class Delay(_NetFault):
+    """Hold every packet the node sends for `ms` (netem: refused where the kernel has none)."""
+
+    kind: Literal["delay"]
+    ms: float = Field(gt=0, le=10_000, description="added one-way delay")
+    jitter_ms: float = Field(0.0, ge=0, description="give or take, uniformly")
+
+
+class Flap(_NetFault):
+    """Partition and heal the node `count` times: `down_s` cut off, `up_s` connected."""
+
+    kind: Literal["flap"]
+    down_s: float = Field(gt=0, le=600)
+    up_s: float = Field(gt=0, le=600)
+    count: int = Field(3, ge=1, le=100)
+
+
+NetFault = Partition | Loss | Delay | Flap
+_KINDS: dict[str, type[_NetFault]] = {
+    "partition": Partition,
+    "loss": Loss,
+    "delay": Delay,
+    "flap": Flap,
+}
+
+
+def parse(data: dict[str, Any]) -> NetFault:
+    """A scenario's network fault, checked (pydantic's ValidationError names the field)."""
+    return _KINDS[data["kind"]].model_validate(data)
+
+
+def is_network(fault: dict[str, Any]) -> bool:
+    return isinstance(fault, dict) and fault.get("kind") in _KINDS
+
+
+def heal_at_s(f: NetFault) -> float | None:
+    """How long after it fires the fault is over (null: when the job ends)."""
+    if isinstance(f, Flap):
+        return f.count * (f.down_s + f.up_s)
+    return f.seconds
+
+
+class JobWatch:
+    """What the job's event log says so far: when it started training, the newest step,
+    and which node hosts each rank (the `scheduled` and `replaced` events)."""
+
+    def __init__(self, events: Path):
+        self.events = events
+        self._read = 0
+        self.running_since: float | None = None
+        self.step = -1
+        self.node_of: dict[int, str] = {}
+
+    def poll(self) -> None:
+        with contextlib.suppress(OSError):
+            with open(self.events, "rb") as fh:
+                fh.seek(self._read)
+                chunk = fh.read()
+            done = chunk.rfind(b"\n") + 1
+            self._read += done
+            for line in chunk[:done].splitlines():
+                with contextlib.suppress(ValueError):
+                    self._take(json.loads(line))
+
+    def _take(self, e: dict[str, Any]) -> None:
+        kind = e.get("type")
+        if kind == "state" and e.get("new") == "RUNNING" and self.running_since is None:
+            self.running_since = e["ts"]
+        elif kind == "throughput":
+            self.step = max(self.step, int(e.get("step") or -1))
+        elif kind == "scheduled":
+            for rank, w in (e.get("workers") or {}).items():
+                self.node_of[int(rank)] = w["node_id"]
+        elif kind == "replaced":
+            for rank, w in (e.get("ranks") or {}).items():
+                self.node_of[int(rank)] = w["node"]
+
+
+class NetworkInjector:
+    """Carries out a scenario's network faults on a NetnsCluster while the chaos run
+    trains; heals every one of them by `finish()` at the latest. `applied`: one record per
+    fault, for the verdict (what was hit, when, when healed, or why it was not)."""
+
+    def __init__(self, faults: list[NetFault], cluster: NetnsCluster, events: Path):
+        self.faults = faults
+        self.cluster = cluster
+        self.watch = JobWatch(events)
+        self.applied: list[dict[str, Any]] = [
+            {**f.model_dump(mode="json", by_alias=True), "outcome": "not fired"} for f in faults
+        ]
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._one, args=(i,), name=f"chaos-net-{i}", daemon=True)
+            for i in range(len(faults))
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _due(self, f: NetFault) -> bool:
+        w = self.watch
+        if f.at_step is not None:
+            return w.step >= f.at_step
+        return w.running_since is not None and time.time() >= w.running_since + f.after_seconds
+
+    def _target(self, f: NetFault) -> NetNode:
+        if f.node is not None:
+            if f.node > len(self.cluster.nodes):
+                raise LookupError(f"node {f.node}: the cluster has {len(self.cluster.nodes)}")
+            return self.cluster.nodes[f.node - 1]
+        node_id = self.watch.node_of.get(int(f.rank))
+        if node_id is None:
+            raise LookupError(f"rank {f.rank} is on no node the job's events name")
+        node = self.cluster.node_by_id(node_id)
+        if node is None:
+            raise LookupError(f"rank {f.rank}'s node {node_id[:12]} is none of the cluster's")
+        return node
+
+    def _peers(self, f: NetFault) -> list[str] | None:
+        if not isinstance(f, Partition | Flap) or getattr(f, "from_", None) is None:
+            return None
+        return [
+            self.cluster.head_ip if p == "head" else self.cluster.nodes[p - 1].ip for p in f.from_
+        ]
+
+    def _one(self, i: int) -> None:
+        f, rec = self.faults[i], self.applied[i]
+        while not self._done.is_set():
+            with self._lock:
+                self.watch.poll()
+                due = self._due(f)
+            if due:
+                break
+            self._done.wait(0.2)
+        else:
+            return
+        try:
+            node = self._target(f)
+        except LookupError as e:
+            rec["outcome"] = f"refused: {e}"
+            return
+        rec.update(
+            outcome="injected",
+            target=f"n{self.cluster.nodes.index(node) + 1}",
+            node_ip=node.ip,
+            node_id=self.cluster.node_id(node),
+            step=self.watch.step,
+            at=time.time(),
+            windows=[],
+        )
+        rounds = f.count if isinstance(f, Flap) else 1
+        for n in range(rounds):
+            start = time.time()
+            try:
+                self._apply(f, node)
+            except Exception as e:  # a command that failed: the verdict says which
+                rec["outcome"] = f"failed: {e}"
+                return
+            hold = f.down_s if isinstance(f, Flap) else f.seconds
+            self._done.wait(hold) if hold is not None else self._done.wait()
+            with contextlib.suppress(Exception):
+                self.cluster.heal(node)
+            rec["windows"].append([round(start, 3), round(time.time(), 3)])
+            if isinstance(f, Flap) and n + 1 < rounds and self._done.wait(f.up_s):
+                break
+        rec["healed_at"] = time.time()
+
+    def _apply(self, f: NetFault, node: NetNode) -> None:
+        if isinstance(f, Partition | Flap):
+            self.cluster.partition(node, peers=self._peers(f))
+        elif isinstance(f, Loss):
+            self.cluster.lose(node, f.percent)
+        else:
+            self.cluster.delay(node, f.ms, f.jitter_ms)
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Stop waiting, heal what is still cut or degraded, return what was done."""
+        self._done.set()
+        for t in self._threads:
+            t.join(timeout=30)
+        for node in self.cluster.nodes:
+            with contextlib.suppress(Exception):
+                self.cluster.heal(node)
+        return self.applied

@@ -1,0 +1,177 @@
+"""Faults of the network on a Ray whose worker nodes each have a network namespace of their
+own (orchestrator/chaos/netns.py): the example scenarios through the runner of `stalwart
+chaos run`, their verdicts the assertion (finished, the failure-free digest, and what each
+expects: a replacement within its bounds, or none at all).
+
+One NetnsCluster for the module (3 worker nodes of 2 CPUs); the session's baseline cache
+(tests/chaos/conftest.py: the 300-step job's failure-free run is slow.yaml's too).
+partition.yaml runs alone (the cut-off node's ranks are replaced while it is cut; it heals
+during the next generation); network.yaml holds the faults of loss.yaml,
+partition-healed-early.yaml and flap.yaml in one job. delay.yaml needs the kernel's netem:
+it runs where the kernel has it, and is refused, naming what is missing, where it does not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from stalwart.orchestrator.chaos.netns import NetnsCluster, netem_available
+from stalwart.orchestrator.chaos.runner import ChaosOptions, run_scenario
+from stalwart.orchestrator.chaos.scenario import load_scenario
+from stalwart.orchestrator.driver import ChaosRefused
+from tests.chaos.test_scenarios import EXAMPLES, _failed, _of
+
+pytestmark = [pytest.mark.component, pytest.mark.timeout(900)]
+
+# scenario run -> the scenarios whose faults it holds (their own runs would repeat it).
+RUN = {
+    "partition": (),
+    "network": ("loss", "partition-healed-early", "flap"),
+    "delay": (),
+}
+
+
+@pytest.fixture(scope="module")
+def netns():
+    with NetnsCluster(worker_nodes=3) as cluster:
+        yield cluster
+    # Stopped: its namespaces, links and processes are gone.
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(n.ns in listed for n in cluster.nodes), listed
+    links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+    assert cluster.tag not in links, links
+
+
+# Asks the nodes where they are, through actors pinned there, before, during and after a
+# partition of the first (a driver of its own: this process may drive another cluster).
+PROBE = """
+import sys, ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ray.init(address=sys.argv[1], logging_level="ERROR")
+
+@ray.remote(num_cpus=0)
+class Where:
+    def ip(self):
+        return ray.util.get_node_ip_address()
+
+nodes = sorted((n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")),
+               key=lambda n: n["NodeManagerAddress"])
+on = [NodeAffinitySchedulingStrategy(n["NodeID"], soft=False) for n in nodes[:2]]
+actors = [Where.options(scheduling_strategy=s).remote() for s in on]
+print("IPS", ray.get([a.ip.remote() for a in actors], timeout=60), flush=True)
+assert sys.stdin.readline().strip() == "cut"
+ready, _ = ray.wait([actors[0].ip.remote()], timeout=4)
+print("CUT_ANSWERS", bool(ready), ray.get(actors[1].ip.remote(), timeout=10), flush=True)
+assert sys.stdin.readline().strip() == "healed"
+print("HEALED", ray.get(actors[0].ip.remote(), timeout=30), flush=True)
+"""
+
+
+def test_a_node_cut_off_by_a_partition_answers_again_once_healed(netns):
+    """The partition is real at the socket level (nft rules in the node's namespace): the
+    head cannot reach the cut-off node's actors while the other node's answer, and a heal
+    before Ray gives up on the node brings it back."""
+    netns.ensure_nodes()
+    first, second = netns.nodes[:2]
+    assert (first.ip, second.ip) == (f"{netns.prefix}.11", f"{netns.prefix}.12")
+    probe = subprocess.Popen(
+        [sys.executable, "-c", PROBE, netns.address],
+        env={**os.environ, **netns.env},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert probe.stdout.readline().strip().split(maxsplit=1) == [
+            "IPS",
+            f"{[first.ip, second.ip]}",
+        ]
+        netns.partition(first)
+        probe.stdin.write("cut\n")
+        probe.stdin.flush()
+        assert probe.stdout.readline().split() == ["CUT_ANSWERS", "False", second.ip]
+        netns.heal(first)
+        assert first.faults == set()
+        probe.stdin.write("healed\n")
+        probe.stdin.flush()
+        assert probe.stdout.readline().split() == ["HEALED", first.ip]
+        assert probe.wait(timeout=30) == 0
+    finally:
+        probe.kill()
+        netns.heal(first)
+
+
+def _run(name, netns, cache, tmp_path):
+    netns.ensure_nodes()
+    sc = load_scenario(EXAMPLES / f"{name}.yaml")
+    opts = ChaosOptions(
+        output=tmp_path / name,
+        address=netns.address,
+        owns_cluster=True,  # this module started it
+        base_dir=str(EXAMPLES),
+        cache_dir=cache,
+        netns=netns,
+    )
+    verdict = run_scenario(sc, opts)
+    run = tmp_path / name / "chaos"
+    result = json.loads((run / "result.json").read_text())
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    return verdict, result, events
+
+
+def test_a_partitioned_nodes_ranks_are_replaced_and_the_healed_node_is_not_rejoined(
+    netns, cache, tmp_path
+):
+    verdict, result, events = _run("partition", netns, cache, tmp_path)
+    assert verdict.passed, _failed(verdict)
+    [row] = verdict.faults
+    assert row.outcome == "injected" and row.target.endswith("(rank 1)")
+    # Its node's ranks: found silent, replaced on the others from the copies in memory.
+    assert row.failures >= 1 and {f["kind"] for f in result["failures"]} == {"node_lost"}
+    [lost] = _of(events, "node_lost")
+    assert "agent silent" in lost["reason"]
+    assert row.restored_step is not None and row.tiers.get("memory")
+    # It healed while the next generation trained; nothing put a rank back there.
+    healed = json.loads((tmp_path / "partition" / "verdict.json").read_text())["faults"][0]
+    assert healed["noticed"].startswith("1 window(s)")
+    assert result["generations"] == 2
+    placed = [r["node"] for e in _of(events, "replaced") for r in e["ranks"].values()]
+    assert placed and lost["node"] not in placed
+
+
+def test_a_job_rides_out_loss_a_short_cut_and_a_flapping_link(netns, cache, tmp_path):
+    verdict, result, events = _run("network", netns, cache, tmp_path)
+    assert verdict.passed, _failed(verdict)
+    assert [r.outcome for r in verdict.faults] == ["injected"] * 3
+    assert result["failures"] == [] and result["generations"] == 1
+    assert _of(events, "node_lost") == [] and _of(events, "hang") == []
+    flap = verdict.faults[2]
+    assert flap.noticed.startswith("3 window(s)")
+
+
+def test_a_delay_runs_where_the_kernel_has_netem_and_is_refused_where_not(netns, cache, tmp_path):
+    if netem_available():
+        verdict, result, _events = _run("delay", netns, cache, tmp_path)
+        assert verdict.passed, _failed(verdict)
+        assert result["failures"] == []
+        return
+    with pytest.raises(ChaosRefused) as e:
+        _run("delay", netns, cache, tmp_path)
+    assert str(e.value) == (
+        "faults.0 (delay): a delay needs the kernel's netem queueing discipline (sch_netem), "
+        "and this kernel has none (`tc qdisc add ... netem` is refused)"
+    )
+
+
+def test_network_faults_are_refused_on_a_cluster_without_namespaces(tmp_path):
+    sc = load_scenario(EXAMPLES / "partition.yaml")
+    opts = ChaosOptions(output=tmp_path, address="127.0.0.1:1", owns_cluster=True)
+    with pytest.raises(ChaosRefused) as e:
+        run_scenario(sc, opts)
+    assert "partition faults are carried out on a cluster whose nodes have networks" in str(e.value)
