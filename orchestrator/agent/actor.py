@@ -25,6 +25,7 @@ from stalwart.ckpt.snapshot import Snapshot, TensorMeta, payload_checksum
 from stalwart.ckpt.store import ShardInfo, ShmShardStore
 from stalwart.orchestrator.agent.channel import KEY_BYTES, ChannelServer, StaleCopy
 from stalwart.orchestrator.agent.copy_gate import CopyGate
+from stalwart.orchestrator.agent.fence import Fence
 from stalwart.orchestrator.agent.gpu_watch import GpuWatch
 from stalwart.orchestrator.agent.own_store import OwnStore
 from stalwart.orchestrator.agent.replication import ReplicaStore, Replicator
@@ -88,18 +89,18 @@ class NodeAgent:
         self.gate = CopyGate(self.rings)
         self._bounded = False
         self.replicator = Replicator(self.store, on_replicated=self.gate.replicated)
+        self.fence = Fence()  # the job's rollbacks: what hand-overs and copies are stale
         self.channel = ChannelServer(
             os.urandom(KEY_BYTES),
             self._channel_put,
             self.get_shard,
             self.replicas.reserve,
             before_put=self.replicas.make_room,
-            fenced=self._fenced,
+            fenced=self.fence.refuses,
         )
         self._refuse_upto = -1  # chaos drop_replicas: shards of steps <= this are lost
         self._prune_lock = threading.Lock()
         self._prune_seq: tuple[int, int] = (-1, -1)  # (supervisor incarnation, number)
-        self._fence = 0  # hand-overs of generations below this one are refused
         self._corrupt_next: dict[int, int] = {}  # chaos corrupt_shard: rank -> hand-overs
         self._durable: dict[tuple[str, str], DurableStore] = {}
         self._sigs: dict[int, str | None] = {}  # rank -> its shards' signature (ReplicaPlan)
@@ -173,7 +174,7 @@ class NodeAgent:
         pinned = self.replicator.pinned()
         if self._lean:
             floor = reader.ring.floor
-            if floor is None or self._stale(floor[0]):
+            if floor is None or self.fence.stale(floor[0]):
                 return  # none named yet, or by a generation a roll back ended
             for step in reader.held_steps():
                 if step < floor[1] and step not in pinned:
@@ -183,27 +184,13 @@ class NodeAgent:
             if step not in pinned and self.store.move_out(reader.rank, step):
                 return
 
-    def _stale(self, generation: int | None) -> bool:
-        return generation is not None and generation < self._fence
-
-    def _fenced(self, generation: int | None) -> str | None:
-        """Why a peer's copy written by `generation` is refused: a recovery started a newer
-        generation (a node cut off by a partition may send its old one's shards once it
-        heals); None: kept."""
-        if not self._stale(generation):
-            return None
-        return (
-            f"a copy written by generation {generation}, fenced off: generation "
-            f"{self._fence} started since"
-        )
-
     def _refused(self, rank: int, step: int, generation: int | None) -> bool:
         """A hand-over not kept: of an aborted generation, or lost with the node's memory
         (chaos drop_replicas). The latter is never sent to the peers either: its rank must
         not wait for those copies (checkpoint.max_lag_steps), so it counts as passed, as
         a shard the replicator cannot send does; the bound holds again from the next step
         kept."""
-        if self._stale(generation):
+        if self.fence.stale(generation):
             return True
         if step > self._refuse_upto:
             return False
@@ -316,9 +303,9 @@ class NodeAgent:
         self, rank: int, snapshot: Snapshot, generation: int | None = None
     ) -> ShardInfo:
         """A peer's copy of `rank`'s shard (written by `generation`), through Ray (a peer
-        that has no channel here). Refused (StaleCopy) when a recovery fenced that
-        generation off."""
-        if (why := self._fenced(generation)) is not None:
+        that has no channel here). Refused (StaleCopy) when a recovery rolled that
+        generation back to before its step (agent/fence.py)."""
+        if (why := self.fence.refuses(generation, snapshot.step)) is not None:
             raise StaleCopy(why)
         if snapshot.step <= self._refuse_upto:  # lost with the node's memory (chaos)
             return ShardInfo(rank, snapshot.step, 0)
@@ -476,7 +463,7 @@ class NodeAgent:
                     return 0
                 self._prune_seq = seq
             if fence is not None:
-                self._fence = max(self._fence, fence)
+                self.fence.rolled_back(fence, above)
             dropped = 0
             for store in (self.store, self.replicas):
                 if above is not None:
@@ -550,7 +537,7 @@ class NodeAgent:
                 # What the checkpoints take: rings, slot files, copies, spare buffers.
                 "held_bytes": self.store.allocated() + self.replicas.allocated(),
                 "notes": self.store.take_notes(),
-                "fence": self._fence,
+                "fence": self.fence.generation,
                 "shard_sigs": self._shard_sigs(),
                 "replication": self.replicator.status(),
                 "fired": sorted(self._fired),

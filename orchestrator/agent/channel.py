@@ -205,9 +205,10 @@ class ChannelServer:
 
     `reserve(nbytes)`: a buffer a put's payload is read into; `on_put(rank, snapshot)`
     takes it (the snapshot owns that buffer); `on_get(rank, step)`: the shard, or None;
-    `before_put(rank, step)`: told of a put before its payload is read; `fenced(generation)`:
-    why a copy written by `generation` is refused (a generation a recovery fenced off), or
-    None: such a put is read (the connection stays in step) and answered with the reason."""
+    `before_put(rank, step)`: told of a put before its payload is read; `fenced(generation,
+    step)`: why a copy of `step` written by `generation` is refused (a recovery rolled that
+    generation back to before it), or None: such a put is read (the connection stays in
+    step) and answered with the reason."""
 
     def __init__(
         self,
@@ -218,7 +219,7 @@ class ChannelServer:
         here: str | None = None,
         timeout_s: float = REQUEST_TIMEOUT_S,
         before_put: Callable[[int, int], Any] | None = None,
-        fenced: Callable[[int | None], str | None] | None = None,
+        fenced: Callable[[int | None, int], str | None] | None = None,
     ):
         assert len(key) == KEY_BYTES
         self._key = key
@@ -320,9 +321,10 @@ class ChannelServer:
 
     def _put(self, conn: socket.socket, head: dict, deadline: float) -> None:
         gen = head.get("gen")
-        fenced = self._fenced(None if gen is None else int(gen)) if self._fenced else None
+        step = int(head["step"])
+        fenced = self._fenced(None if gen is None else int(gen), step) if self._fenced else None
         if self._before_put is not None and fenced is None:
-            self._before_put(int(head["rank"]), int(head["step"]))
+            self._before_put(int(head["rank"]), step)
         try:
             snap = _read_shard(conn, head, deadline, _new_buffer if fenced else self._reserve)
         except ChecksumMismatch as e:  # cut or timed out: raised, the connection is dropped

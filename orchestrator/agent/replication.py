@@ -343,7 +343,7 @@ class Replicator:
             nbytes, outcome = 0, "failed"
             try:
                 nbytes, outcome = self._send(rank, step, peers, gen)
-                if outcome != "failed" and self._on_replicated is not None:
+                if outcome in ("sent", "unsendable") and self._on_replicated is not None:
                     self._on_replicated(rank, step, gen)
             except Exception as e:  # never the end of the thread: reported, step uncommitted
                 with self._cv:
@@ -375,9 +375,9 @@ class Replicator:
         self, rank: int, step: int, peers: dict[str, Any], gen: int | None = None
     ) -> tuple[int, str]:
         """Copy `rank`'s shard of `step` (written by generation `gen`) to every peer:
-        (bytes sent, "sent" when it reached every peer, "failed" when one failed (or
-        refused it: a peer that fenced `gen` off), "unsendable" when the shard is gone or
-        damaged)."""
+        (bytes sent, "sent" when it reached every peer, "failed" when one failed,
+        "fenced" when the peers refused it (a recovery rolled `gen` back to before `step`),
+        "unsendable" when the shard is gone or damaged)."""
         snap = self._store.get(rank, step)
         if snap is None:
             return 0, "unsendable"  # dropped meanwhile (a rollback)
@@ -390,7 +390,7 @@ class Replicator:
             return 0, "unsendable"
         for node in set(self._links) - set(peers):  # no longer a peer
             self._links.pop(node)[1].close()
-        through_ray, failed = {}, {}
+        through_ray, failed, fenced = {}, {}, set()
         for node, peer in peers.items():
             link = self._link(node, peer)
             if link is not None:
@@ -401,6 +401,7 @@ class Replicator:
                     continue
                 except StaleCopy as e:  # refused: through Ray it would be refused again
                     failed[node] = str(e)
+                    fenced.add(node)
                     continue
                 except ChannelTimeout as e:  # a stalled peer: Ray would wait as long
                     self._links.pop(node, None)
@@ -411,14 +412,19 @@ class Replicator:
                     self._channel_error(f"rank {rank} step {step} to {node[:12]}: {e}")
             through_ray[node] = peer
         if through_ray:
-            failed.update(self._send_through_ray(rank, snap, through_ray, gen))
+            failed.update(self._send_through_ray(rank, snap, through_ray, gen, fenced))
         if failed:
             with self._cv:
                 self.errors += 1
                 self.last_error = "; ".join(
                     f"step {step} to {node[:12]}: {why}" for node, why in sorted(failed.items())
                 )
-        return snap.nbytes * (len(peers) - len(failed)), "failed" if failed else "sent"
+        sent = snap.nbytes * (len(peers) - len(failed))
+        if failed and set(failed) <= fenced:
+            # A generation a recovery rolled back wrote it: never kept anywhere, not sent
+            # again, counted for nothing.
+            return sent, "fenced"
+        return sent, "failed" if failed else "sent"
 
     def _channel_error(self, message: str) -> None:
         with self._cv:
@@ -448,10 +454,16 @@ class Replicator:
         return link
 
     def _send_through_ray(
-        self, rank: int, snap: Snapshot, peers: dict[str, Any], gen: int | None = None
+        self,
+        rank: int,
+        snap: Snapshot,
+        peers: dict[str, Any],
+        gen: int | None = None,
+        fenced: set[str] | None = None,
     ) -> dict:
         """Copy `snap` to `peers` through Ray's object store; node -> why, for those that
-        failed (or refused it) or did not answer in time."""
+        failed or did not answer in time (those that refused it as fenced off also go in
+        `fenced`)."""
         shared = ray.put(snap)  # serialized once, read by every peer
         refs = {peer.put_replica.remote(rank, shared, gen): node for node, peer in peers.items()}
         ready, late = ray.wait(list(refs), num_returns=len(refs), timeout=self._timeout_s)
@@ -461,6 +473,8 @@ class Replicator:
                 ray.get(ref)
             except Exception as e:  # the peer is gone or refused: reported, step uncommitted
                 failed[refs[ref]] = f"{type(e).__name__}: {e}"[:300]
+                if isinstance(e, StaleCopy) and fenced is not None:
+                    fenced.add(refs[ref])
         with self._cv:
             self.sends["ray"] += len(peers) - len(failed)
         return failed

@@ -196,13 +196,13 @@ def test_a_closed_server_refuses_connections(agent):
 def test_a_copy_from_a_fenced_off_generation_is_refused_and_the_link_stays_usable():
     """A node cut off by a partition sends its old generation's shards once it heals: the
     peer (whose fence a recovery raised to 3) reads them, keeps nothing, makes no room for
-    them, and says why; the same connection then carries a current copy."""
-    fence = {"at": 3}
+    them, and says why; the same connection then carries a current copy, and an old
+    generation's copy of a step at or below the restore point (the job's history)."""
     made_room: list = []
     store = ReplicaStore(lean=True)
 
-    def fenced(gen):
-        return None if gen is None or gen >= fence["at"] else f"generation {gen} fenced off"
+    def fenced(gen, step):  # generation 3 restarted from step 6
+        return None if gen is None or gen >= 3 or step <= 6 else f"generation {gen} fenced off"
 
     server = ChannelServer(
         os.urandom(ch.KEY_BYTES),
@@ -222,14 +222,16 @@ def test_a_copy_from_a_fenced_off_generation_is_refused_and_the_link_stays_usabl
         assert store.stored() == {1: [5]} and made_room == [(1, 5)]
         link.put(1, _snap(8), timeout_s=10, generation=3)  # the same link, in step
         assert store.stored() == {1: [5, 8]}  # lean: the newest before 8 stays
+        link.put(2, _snap(6), timeout_s=10, generation=1)
+        assert store.stored() == {1: [5, 8], 2: [6]}
         link.close()
     finally:
         server.close()
 
 
 def test_a_copy_a_peer_fenced_off_is_failed_and_not_sent_again_through_ray(monkeypatch):
-    """The sender's side: a StaleCopy answer fails the copy (it commits nothing) and it
-    does not go through Ray instead, where it would be refused again."""
+    """The sender's side: a StaleCopy answer ends the copy (it commits nothing, is not
+    tried again) and it does not go through Ray instead, where it would be refused again."""
     from stalwart.orchestrator.agent.replication import Replicator
 
     snap = _snap(7, nbytes=1 << 10)
@@ -245,7 +247,7 @@ def test_a_copy_a_peer_fenced_off_is_failed_and_not_sent_again_through_ray(monke
     monkeypatch.setattr(rep, "_send_through_ray", lambda *a: through_ray.append(a) or {})
     try:
         _, outcome = rep._send(1, 7, {"peer": object()}, 2)
-        assert outcome == "failed" and through_ray == []
+        assert outcome == "fenced" and through_ray == []
         assert "generation 2 fenced off" in rep.status()["last_error"]
     finally:
         rep.close()

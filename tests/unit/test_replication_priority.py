@@ -93,7 +93,7 @@ class _Recording(Replicator):
         self.replicated: list[tuple[int, int, int | None]] = []
         super().__init__(_Store(), on_replicated=lambda *a: self.replicated.append(a), **kw)
 
-    def _send(self, rank, step, peers):
+    def _send(self, rank, step, peers, gen=None):
         if not self.sent:
             self.gate.wait(10)
         self.sent.append((rank, step))
@@ -144,7 +144,7 @@ def test_with_a_bounded_lag_a_failed_copy_is_sent_again_and_a_damaged_one_passed
     class Flaky(_Recording):
         outcomes = {(0, 2): ["failed", "sent"], (0, 4): ["unsendable"]}
 
-        def _send(self, rank, step, peers):
+        def _send(self, rank, step, peers, gen=None):
             self.sent.append((rank, step))
             todo = self.outcomes.get((rank, step), [])
             return 1, todo.pop(0) if todo else "sent"

@@ -1,0 +1,48 @@
+"""A node's record of its job's rollbacks, and what it makes stale.
+
+A recovery that rolls the job back to a restore step starts a new generation and tells
+every agent (`NodeAgent.prune(above=..., fence=...)`). From then:
+
+- a hand-over (a rank's new snapshot) written by an older generation is stale, whatever
+  its step: only a process of a generation the supervisor ended can still write one;
+- a peer's copy written by an older generation is stale only above that rollback's
+  restore step: at or below it, the step is the job's history, the same whichever
+  generation wrote it, and a live node's replicator may still be sending it.
+
+A node cut off by a partition heals with its old generation's shards queued for its peers:
+this is what refuses them.
+"""
+
+from __future__ import annotations
+
+KEPT = 64  # rollbacks remembered: a copy older than all of them was refused long ago
+
+
+class Fence:
+    def __init__(self) -> None:
+        self.generation = 0  # hand-overs of generations below this one are stale
+        self._rollbacks: list[tuple[int, int]] = []  # (generation started, its restore step)
+
+    def rolled_back(self, generation: int, above: int | None) -> None:
+        """Generation `generation` starts from step `above` (None: from scratch)."""
+        self.generation = max(self.generation, generation)
+        self._rollbacks = [
+            *self._rollbacks[-(KEPT - 1) :],
+            (generation, -1 if above is None else above),
+        ]
+
+    def stale(self, generation: int | None) -> bool:
+        """A hand-over written by `generation` (None: not known) counts for nothing."""
+        return generation is not None and generation < self.generation
+
+    def refuses(self, generation: int | None, step: int) -> str | None:
+        """Why a peer's copy of `step` written by `generation` is refused, or None."""
+        if generation is None:
+            return None
+        for started, above in self._rollbacks:
+            if generation < started and step > above:
+                return (
+                    f"step {step} written by generation {generation}, fenced off: generation "
+                    f"{started} restarted from step {above}"
+                )
+        return None
