@@ -34,13 +34,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stalwart.orchestrator.chaos.delay_line import DelayLine
+
 PREFIX = "stw"  # of every namespace, link and nft table this module makes
 TABLE = "stalwart_chaos"  # the nft table a fault adds in a node's namespace
 START_TIMEOUT_S = 60.0
-NO_NETEM = (
-    "a delay needs the kernel's netem queueing discipline (sch_netem), and this kernel has "
-    "none (`tc qdisc add ... netem` is refused)"
-)
 
 
 class NetnsError(Exception):
@@ -103,6 +101,7 @@ class NetNode:
     veth: str
     proc: subprocess.Popen | None = None
     faults: set[str] = field(default_factory=set)  # what is on its link: cut, loss, delay
+    line: DelayLine | None = None  # its delay, where the kernel has no netem
 
 
 class NetnsCluster:
@@ -210,7 +209,7 @@ class NetnsCluster:
         deadline = time.monotonic() + START_TIMEOUT_S
         code = (
             "import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
-            "print(sum(1 for n in ray.nodes() if n['Alive']))"
+            "print('ALIVE', sum(1 for n in ray.nodes() if n['Alive']))"
         )
         while time.monotonic() < deadline:
             done = subprocess.run(
@@ -220,8 +219,9 @@ class NetnsCluster:
                 text=True,
                 timeout=START_TIMEOUT_S,
             )
-            lines = done.stdout.split()
-            if done.returncode == 0 and lines and int(lines[-1]) >= count:
+            # Ray may print its own lines to stdout (a warning): ours is marked.
+            alive = [ln.split()[1] for ln in done.stdout.splitlines() if ln.startswith("ALIVE ")]
+            if done.returncode == 0 and alive and int(alive[-1]) >= count:
                 return
             time.sleep(0.5)  # polling the head's node table, within the deadline
         raise NetnsError(
@@ -238,6 +238,9 @@ class NetnsCluster:
 
     def shutdown(self) -> None:
         """Stop every node, then remove the namespaces, links and addresses."""
+        for node in self.nodes:
+            with _suppress():
+                self.heal(node)  # a delay line's thread and links first
         for node in self.nodes:
             with _suppress():
                 self.kill_node(node)
@@ -284,12 +287,18 @@ class NetnsCluster:
         self._table(node, "loss", f'iifname "eth0" {rule}', f'oifname "eth0" {rule}')
 
     def delay(self, node: NetNode, ms: float, jitter_ms: float = 0.0) -> None:
-        """Hold every packet `node` sends for `ms` (give or take `jitter_ms`): netem, on
-        the node's side of its link, so both directions of a conversation wait once."""
-        if not netem_available():
-            raise NetnsError(NO_NETEM)
-        args = ["delay", f"{ms:g}ms"] + ([f"{jitter_ms:g}ms"] if jitter_ms else [])
-        _run("tc", "qdisc", "replace", "dev", "eth0", "root", "netem", *args, ns=node.ns)
+        """Hold every packet `node` sends for `ms` (give or take `jitter_ms`), so both
+        directions of a conversation wait once: netem on the node's side of its link,
+        or, where the kernel has no netem, the link routed through a delay line in this
+        process (chaos/delay_line.py)."""
+        if netem_available():
+            args = ["delay", f"{ms:g}ms"] + ([f"{jitter_ms:g}ms"] if jitter_ms else [])
+            _run("tc", "qdisc", "replace", "dev", "eth0", "root", "netem", *args, ns=node.ns)
+        else:
+            i = self.nodes.index(node) + 1
+            line = DelayLine(_run, self.bridge, node.veth, f"{self.tag}d{i}", ms, jitter_ms, i)
+            line.start()
+            node.line = line
         node.faults.add("delay")
 
     def _table(self, node: NetNode, name: str, inbound: str, outbound: str) -> None:
@@ -311,19 +320,14 @@ class NetnsCluster:
     def heal(self, node: NetNode) -> None:
         """Undo every fault this module put on `node`'s link."""
         for name in sorted(node.faults):
-            if name == "delay":
+            if name == "delay" and node.line is not None:
+                node.line.stop()
+                node.line = None
+            elif name == "delay":
                 _run("tc", "qdisc", "del", "dev", "eth0", "root", ns=node.ns)
             else:
                 _run("nft", "delete", "table", "inet", f"{TABLE}_{name}", ns=node.ns)
             node.faults.discard(name)
-
-    def cannot(self, faults: list) -> str | None:
-        """Why this machine cannot carry out one of a scenario's network faults (a delay
-        without netem), before anything runs; None when it can."""
-        for i, f in enumerate(faults):
-            if f.kind == "delay" and not netem_available():
-                return f"faults.{i} (delay): {NO_NETEM}"
-        return None
 
     def ensure_nodes(self) -> None:
         """Start again every worker node whose raylet ended (Ray declared it dead after a
@@ -355,10 +359,11 @@ class NetnsCluster:
         else:
             code = (
                 "import json, ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
-                "print(json.dumps(ray.nodes()))"
+                "print('NODES', json.dumps(ray.nodes()))"
             )
             out = _run(sys.executable, "-c", code, self.address, env=self.env)
-            nodes = json.loads(out.strip().splitlines()[-1])
+            marked = [ln for ln in out.splitlines() if ln.startswith("NODES ")]
+            nodes = json.loads(marked[-1].removeprefix("NODES ")) if marked else []
         return {n["NodeManagerAddress"]: n["NodeID"] for n in nodes if n["Alive"]}
 
 

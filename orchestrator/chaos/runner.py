@@ -383,8 +383,6 @@ def run_scenario(
                 "a cluster whose nodes have networks of their own, that this command starts "
                 "(cluster: {network: netns}): not on the cluster at --address"
             )
-        if net_faults and (why := netns.cannot(net_faults)):
-            raise ChaosRefused(why)
         if shm_dir is not None:
             clean, faulty = (_with_shm(spec, shm_dir) for spec in (clean, faulty))
         # Refused before the baseline runs, not after it.
