@@ -82,7 +82,8 @@ class Loss(_NetFault):
 
 
 class Delay(_NetFault):
-    """Hold every packet the node sends for `ms` (netem: refused where the kernel has none)."""
+    """Hold every packet the node sends for `ms` (netem, or a delay line where the kernel
+    has none: orchestrator/chaos/delay_line.py)."""
 
     kind: Literal["delay"]
     ms: float = Field(gt=0, le=10_000, description="added one-way delay")
@@ -114,13 +115,6 @@ def parse(data: dict[str, Any]) -> NetFault:
 
 def is_network(fault: dict[str, Any]) -> bool:
     return isinstance(fault, dict) and fault.get("kind") in _KINDS
-
-
-def heal_at_s(f: NetFault) -> float | None:
-    """How long after it fires the fault is over (null: when the job ends)."""
-    if isinstance(f, Flap):
-        return f.count * (f.down_s + f.up_s)
-    return f.seconds
 
 
 class JobWatch:
@@ -200,8 +194,8 @@ class NetworkInjector:
         return node
 
     def _peers(self, f: NetFault) -> list[str] | None:
-        if not isinstance(f, Partition | Flap) or getattr(f, "from_", None) is None:
-            return None
+        if not isinstance(f, Partition) or f.from_ is None:
+            return None  # from every other address
         return [
             self.cluster.head_ip if p == "head" else self.cluster.nodes[p - 1].ip for p in f.from_
         ]

@@ -18,7 +18,9 @@ what must hold afterwards.
       alerts: [StalwartRestartBudgetLow]   # checked when --prometheus URL is given
 
 A fault is a job spec fault (orchestrator/spec.py: its kind's fields, validated there) whose
-`rank` may be `random` (drawn with the scenario's seed). The job spec's own faults are
+`rank` may be `random` (drawn with the scenario's seed), or a fault of the network
+(partition, loss, delay, flap: orchestrator/chaos/network.py), which `stalwart chaos run`
+carries out from outside the job on a cluster with `network: netns`. The job spec's own faults are
 replaced by the scenario's; the baseline runs the same spec with none.
 """
 
@@ -142,6 +144,13 @@ class Scenario(_Model):
                     f"faults.{i}: a {f['kind']} fault needs worker nodes with networks of "
                     "their own: cluster: {network: netns, worker_nodes: N}"
                 )
+            for j, peer in enumerate([f.get("node"), *(f.get("from") or [])]):
+                if isinstance(peer, int) and peer > self.cluster.worker_nodes:
+                    where = "node" if j == 0 else f"from.{j - 1}"
+                    raise ValueError(
+                        f"faults.{i}.{where}: must be <= cluster.worker_nodes "
+                        f"({self.cluster.worker_nodes}), got {peer}"
+                    )
         return self
 
     def network_faults(self, workers: int) -> list[network.NetFault]:
@@ -239,6 +248,13 @@ def job_specs(sc: Scenario) -> tuple[JobSpec, JobSpec]:
     data = apply_overrides(data, list(sc.job.set))
     base = validate({**data, "chaos": {"faults": []}}, str(path))
     faults, timed = sc.resolved(base.max_workers)
+    for i, f in enumerate(sc.faults):
+        rank = f.get("rank") if network.is_network(f) else None
+        if isinstance(rank, int) and rank >= base.max_workers:
+            raise SpecError(
+                str(sc.source),
+                [f"faults.{i}.rank: must be < workers ({base.max_workers}), got {rank}"],
+            )
     # A timed fault is checked as a step fault would be (its kind's fields, its rank).
     faults_checked = [*faults, *({**t.fault, "at_step": 0} for t in timed)]
     name = base.name[:48]

@@ -76,6 +76,16 @@ def test_network_faults_are_checked_and_stay_out_of_the_job_spec(tmp_path):
             "faults.0: name one of `at_step` or `after_seconds`",
         ),
         (
+            "{kind: partition, node: 4, at_step: 3}",
+            NETNS,
+            "faults.0.node: must be <= cluster.worker_nodes (3), got 4",
+        ),
+        (
+            "{kind: partition, node: 1, at_step: 3, from: [head, 7]}",
+            NETNS,
+            "faults.0.from.1: must be <= cluster.worker_nodes (3), got 7",
+        ),
+        (
             "{kind: partition, node: 1, at_step: 3, from: [rack]}",
             NETNS,
             "faults.0: from.0.int: input should be a valid integer, unable to parse string as an "
@@ -179,3 +189,10 @@ def test_a_fault_the_job_must_ride_out_fails_the_verdict_if_it_recovered(tmp_pat
     v = _netrun(tmp_path, [missing], [])
     [check] = [c for c in v.checks if c.name.endswith("injected")]
     assert not check.ok and "on no node" in check.detail
+
+
+def test_a_network_faults_rank_must_be_one_of_the_jobs(tmp_path):
+    sc = _load(tmp_path, "  - {kind: loss, rank: 9, percent: 5, at_step: 3}\n")
+    with pytest.raises(SpecError) as e:
+        job_specs(sc)
+    assert e.value.errors == ["faults.0.rank: must be < workers (4), got 9"]
