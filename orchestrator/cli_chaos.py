@@ -222,6 +222,15 @@ def inject(
     import yaml
 
     err = make_console(stderr=True)
+    if kind in ("partition", "loss", "delay", "flap"):
+        # Done to the cluster's network, not by the job: only the process that started the
+        # nodes in their namespaces can.
+        fail(
+            f"--kind {kind}: a fault of the network is carried out by `stalwart chaos run` on "
+            "a cluster it starts with its nodes in network namespaces (a scenario with "
+            "cluster: {network: netns}; docs/chaos.md), not injected into a running job",
+            EXIT_USAGE,
+        )
     request: dict = {"kind": kind, "rank": rank, "node": node, "allow_remote": allow_remote}
     for text in fields:
         key, sep, raw = text.partition("=")

@@ -255,3 +255,15 @@ def test_runs_summary_to_a_pipe_keeps_its_lines(job, monkeypatch):
     assert line.rstrip().endswith(
         "(all steps over the time since training began, recoveries included)"
     )
+
+
+def test_a_network_fault_is_not_injected_into_a_running_job():
+    """partition, loss, delay and flap are done to a cluster's network by `stalwart chaos
+    run` on nodes it started in namespaces: `chaos inject` says so, exit 2, before it
+    looks for any cluster."""
+    for kind in ("partition", "loss", "delay", "flap"):
+        result = CliRunner().invoke(
+            main, ["chaos", "inject", "j", "--kind", kind, "--rank", "1", "--address", "x:1"]
+        )
+        assert result.exit_code == 2, result.output
+        assert f"--kind {kind}: a fault of the network is carried out by" in result.output
