@@ -19,9 +19,35 @@ class Hang:
     stalled_for_s: float
 
 
-def lost_nodes(nodes: Sequence[NodeView], now: float, timeout_s: float) -> tuple[list[str], str]:
+def isolated_for(nodes: Sequence[NodeView], now: float, timeout_s: float) -> float | None:
+    """How long every watched node (two at least, none of them dead in Ray's table or in
+    its agent) has been silent, the longest silence, once one is past `timeout_s`; else
+    None. Every node falling silent at once is this supervisor losing its own link (a
+    partition of its node, a stall of its own), not that many nodes dying at the same
+    moment: their ranks still train among themselves."""
+    live = [n for n in nodes if n.ray_alive and not n.agent_dead]
+    if len(live) < 2 or len(live) < len(nodes):
+        return None
+    silent = [now - n.unanswered_since for n in live if n.unanswered_since is not None]
+    # Every node quiet for a third of the timeout at least (a live one answers within
+    # milliseconds), one past it: cuts a moment apart are the same spell.
+    if len(silent) < len(live) or min(silent) < timeout_s / 3 or max(silent) < timeout_s:
+        return None
+    return max(silent)
+
+
+def lost_nodes(
+    nodes: Sequence[NodeView], now: float, timeout_s: float, isolated_timeout_s: float = 0.0
+) -> tuple[list[str], str]:
     """Nodes that are gone: Ray says so, their agent died, or it left a report request
-    unanswered for `timeout_s`."""
+    unanswered for `timeout_s`; but while every node is silent at once (isolated_for),
+    none is lost before `isolated_timeout_s`."""
+    alone = isolated_for(nodes, now, timeout_s)
+    if alone is not None and alone < isolated_timeout_s:
+        return [], (
+            f"every node silent for {alone:.1f} s at once: this supervisor's own link, not "
+            f"{len(nodes)} nodes lost (health.isolated_timeout_s={isolated_timeout_s:g})"
+        )
     lost, why = [], []
     for n in sorted(nodes, key=lambda n: n.node):
         silent = now - n.unanswered_since if n.unanswered_since is not None else 0.0

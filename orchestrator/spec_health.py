@@ -137,6 +137,14 @@ class HealthSpec(_Model):
     heartbeat_timeout_s: float = Field(
         3.0, gt=0, description="a node whose agent is silent this long is lost"
     )
+    isolated_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description="when every node of the job (two or more, alive in Ray's table) falls "
+        "silent at once, that is the supervisor's own link (a partition of its node), not "
+        "every node lost: they are lost only after this long (their ranks train on among "
+        "themselves meanwhile); 0 treats them as any silent node",
+    )
     report_interval_s: float = Field(
         0.2,
         gt=0,

@@ -9,14 +9,15 @@ the job is told. So they live in the scenario, not in the job spec; a job spec n
     faults:
       - {kind: partition, rank: 1, at_step: 30, seconds: 15}   # rank 1's node, from all
       - {kind: partition, node: 2, from: [head], after_seconds: 20, seconds: 5}
+      - {kind: partition, nodes: [1, 2, 3], from: [head], at_step: 40, seconds: 6}
       - {kind: loss, rank: 2, percent: 5, at_step: 10, seconds: 20}
       - {kind: delay, rank: 2, ms: 200, at_step: 10, seconds: 20}       # needs netem
       - {kind: flap, rank: 1, at_step: 20, down_s: 1, up_s: 4, count: 3}
 
 A fault fires once the job reached `at_step` (read from its throughput events, about once
 a second) or `after_seconds` after it started training, on the worker node that then hosts
-`rank` (or the `node`-th worker node), and is healed `seconds` later (null: when the job
-ends). What each did, and when, goes to the verdict.
+`rank` (or the `node`-th worker node, or the `nodes` at one moment), and is healed
+`seconds` later (null: when the job ends). What each did, and when, goes to the verdict.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ class _NetFault(BaseModel):
     node: int | None = Field(
         None, ge=1, description="instead of `rank`: the node-th worker node (1 is the first)"
     )
+    nodes: list[int] | None = Field(
+        None,
+        min_length=1,
+        description="instead of `rank` or `node`: these worker nodes, hit at one moment",
+    )
     at_step: int | None = Field(None, ge=0, description="fire once the job reached this step")
     after_seconds: float | None = Field(
         None, ge=0, description="instead of at_step: fire this long after training started"
@@ -53,8 +59,10 @@ class _NetFault(BaseModel):
 
     @model_validator(mode="after")
     def _one_target_one_trigger(self) -> _NetFault:
-        if (self.rank is None) == (self.node is None):
-            raise ValueError("name one of `rank` (its node) or `node` (1, 2, ...)")
+        if sum(x is not None for x in (self.rank, self.node, self.nodes)) != 1:
+            raise ValueError("name one of `rank` (its node), `node` (1, 2, ...) or `nodes`")
+        if self.nodes is not None and min(self.nodes) < 1:
+            raise ValueError("nodes: worker nodes are numbered from 1")
         if (self.at_step is None) == (self.after_seconds is None):
             raise ValueError("name one of `at_step` or `after_seconds`")
         return self
@@ -180,18 +188,20 @@ class NetworkInjector:
             return w.step >= f.at_step
         return w.running_since is not None and time.time() >= w.running_since + f.after_seconds
 
-    def _target(self, f: NetFault) -> NetNode:
-        if f.node is not None:
-            if f.node > len(self.cluster.nodes):
-                raise LookupError(f"node {f.node}: the cluster has {len(self.cluster.nodes)}")
-            return self.cluster.nodes[f.node - 1]
+    def _targets(self, f: NetFault) -> list[NetNode]:
+        if f.node is not None or f.nodes is not None:
+            numbers = [f.node] if f.node is not None else f.nodes
+            for n in numbers:
+                if n > len(self.cluster.nodes):
+                    raise LookupError(f"node {n}: the cluster has {len(self.cluster.nodes)}")
+            return [self.cluster.nodes[n - 1] for n in numbers]
         node_id = self.watch.node_of.get(int(f.rank))
         if node_id is None:
             raise LookupError(f"rank {f.rank} is on no node the job's events name")
         node = self.cluster.node_by_id(node_id)
         if node is None:
             raise LookupError(f"rank {f.rank}'s node {node_id[:12]} is none of the cluster's")
-        return node
+        return [node]
 
     def _peers(self, f: NetFault) -> list[str] | None:
         if not isinstance(f, Partition) or f.from_ is None:
@@ -212,15 +222,16 @@ class NetworkInjector:
         else:
             return
         try:
-            node = self._target(f)
+            nodes = self._targets(f)
         except LookupError as e:
             rec["outcome"] = f"refused: {e}"
             return
+        ids = [self.cluster.node_id(node) for node in nodes]
         rec.update(
             outcome="injected",
-            target=f"n{self.cluster.nodes.index(node) + 1}",
-            node_ip=node.ip,
-            node_id=self.cluster.node_id(node),
+            target="+".join(f"n{self.cluster.nodes.index(node) + 1}" for node in nodes),
+            node_ips=[node.ip for node in nodes],
+            node_ids=ids,
             step=self.watch.step,
             at=time.time(),
             windows=[],
@@ -229,14 +240,16 @@ class NetworkInjector:
         for n in range(rounds):
             start = time.time()
             try:
-                self._apply(f, node)
+                for node in nodes:
+                    self._apply(f, node)
             except Exception as e:  # a command that failed: the verdict says which
                 rec["outcome"] = f"failed: {e}"
                 return
             hold = f.down_s if isinstance(f, Flap) else f.seconds
             self._done.wait(hold) if hold is not None else self._done.wait()
-            with contextlib.suppress(Exception):
-                self.cluster.heal(node)
+            for node in nodes:
+                with contextlib.suppress(Exception):
+                    self.cluster.heal(node)
             rec["windows"].append([round(start, 3), round(time.time(), 3)])
             if isinstance(f, Flap) and n + 1 < rounds and self._done.wait(f.up_s):
                 break

@@ -144,9 +144,11 @@ class Scenario(_Model):
                     f"faults.{i}: a {f['kind']} fault needs worker nodes with networks of "
                     "their own: cluster: {network: netns, worker_nodes: N}"
                 )
-            for j, peer in enumerate([f.get("node"), *(f.get("from") or [])]):
+            named = [("node", f.get("node"))]
+            named += [(f"nodes.{j}", n) for j, n in enumerate(f.get("nodes") or [])]
+            named += [(f"from.{j}", n) for j, n in enumerate(f.get("from") or [])]
+            for where, peer in named:
                 if isinstance(peer, int) and peer > self.cluster.worker_nodes:
-                    where = "node" if j == 0 else f"from.{j - 1}"
                     raise ValueError(
                         f"faults.{i}.{where}: must be <= cluster.worker_nodes "
                         f"({self.cluster.worker_nodes}), got {peer}"

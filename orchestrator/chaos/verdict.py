@@ -124,7 +124,7 @@ def network_rows(
     for j, a in enumerate(applied):
         at_step = a.get("step") if a.get("at_step") is None else a["at_step"]
         rank = a.get("rank") if isinstance(a.get("rank"), int) else -1
-        target = a.get("target") or (f"node {a['node']}" if a.get("node") else None)
+        target = a.get("target")
         if target and isinstance(a.get("rank"), int):
             target = f"{target} (rank {a['rank']})"
         row = FaultRow(first + j, a["kind"], rank, -1 if at_step is None else at_step, "")
@@ -134,7 +134,7 @@ def network_rows(
             mine = [
                 x
                 for x in result.get("failures", [])
-                if x.get("node") == a.get("node_id") and a["at"] <= x["detected_at"] <= until
+                if x.get("node") in a.get("node_ids", ()) and a["at"] <= x["detected_at"] <= until
             ]
             row.failures = len(mine)
             if mine:

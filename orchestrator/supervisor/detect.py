@@ -60,6 +60,7 @@ class Detection:
         self.flags: list[dict[str, Any]] = []  # every straggler flag, for the result
         self._straggling: set[int] = set()
         self._last_ray_check = 0.0
+        self._isolated = False  # every node silent at once, told once per spell
         self._hang_told: HangTimeouts | None = None  # the timeouts the last event gave
 
     # --- observations -----------------------------------------------------------------------
@@ -118,7 +119,18 @@ class Detection:
     # --- lost nodes -------------------------------------------------------------------------
 
     def lost_nodes(self, now: float) -> tuple[list[str], str]:
-        return self.monitor.lost_nodes(now)
+        alone = self.monitor.isolated_for(now)
+        if self._isolated and alone is None:
+            # The link is back: a node still silent gets its own heartbeat timeout from
+            # now (TCP resends what the cut lost one node after another), not the spell.
+            self._isolated = False
+            self.monitor.restart_silence(now)
+            self._emit("supervisor_reconnected", reason="a node answered again")
+        lost, reason = self.monitor.lost_nodes(now)
+        if alone is not None and not self._isolated and not lost:
+            self._isolated = True
+            self._emit("supervisor_isolated", seconds=round(alone, 1), reason=reason)
+        return lost, reason
 
     def lose_node(self, node: str, reason: str, now: float) -> list[WorkerFailure]:
         """`node` is gone: everyone forgets it; its ranks' failures."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stalwart.health.hang_timeout import HangPolicy, HangTimeouts, derive
-from stalwart.health.liveness import Hang, hung_ranks, lost_nodes
+from stalwart.health.liveness import Hang, hung_ranks, isolated_for, lost_nodes
 from stalwart.health.observations import NodeView, RankView
 from stalwart.health.straggler import StragglerConfig, StragglerReport, straggler_scores
 from stalwart.health.xid import GpuReading, GpuVerdict, judge_gpus
@@ -113,7 +113,21 @@ class HealthMonitor:
                 self.nodes[node] = replace(v, ray_alive=alive[node])
 
     def lost_nodes(self, now: float) -> tuple[list[str], str]:
-        return lost_nodes(list(self.nodes.values()), now, self.cfg.heartbeat_timeout_s)
+        return lost_nodes(
+            list(self.nodes.values()),
+            now,
+            self.cfg.heartbeat_timeout_s,
+            self.cfg.isolated_timeout_s,
+        )
+
+    def restart_silence(self, now: float) -> None:
+        """Every node still waited on counts its silence from `now`."""
+        for node, v in list(self.nodes.items()):
+            if v.unanswered_since is not None:
+                self.nodes[node] = replace(v, unanswered_since=now)
+
+    def isolated_for(self, now: float) -> float | None:
+        return isolated_for(list(self.nodes.values()), now, self.cfg.heartbeat_timeout_s)
 
     # --- ranks ------------------------------------------------------------------------------
 

@@ -79,11 +79,11 @@ def test_a_peer_without_a_channel_gets_its_copies_through_ray(connected, tmp_pat
     ray = connected
 
     @ray.remote(num_cpus=0)
-    class OldAgent:  # an agent of a version without the channel
+    class OldAgent:  # an agent without the channel (put_replica: the copy and its writer)
         def __init__(self):
             self.held = {}
 
-        def put_replica(self, rank, snapshot):
+        def put_replica(self, rank, snapshot, generation=None):
             self.held[(rank, snapshot.step)] = snapshot.digest()
 
         def held_digests(self):

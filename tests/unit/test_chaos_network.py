@@ -68,7 +68,7 @@ def test_network_faults_are_checked_and_stay_out_of_the_job_spec(tmp_path):
         (
             "{kind: partition, at_step: 3}",
             NETNS,
-            "faults.0: name one of `rank` (its node) or `node` (1, 2, ...)",
+            "faults.0: name one of `rank` (its node), `node` (1, 2, ...) or `nodes`",
         ),
         (
             "{kind: delay, rank: 1, ms: 200}",
@@ -79,6 +79,11 @@ def test_network_faults_are_checked_and_stay_out_of_the_job_spec(tmp_path):
             "{kind: partition, node: 4, at_step: 3}",
             NETNS,
             "faults.0.node: must be <= cluster.worker_nodes (3), got 4",
+        ),
+        (
+            "{kind: partition, nodes: [1, 5], from: [head], at_step: 3}",
+            NETNS,
+            "faults.0.nodes.1: must be <= cluster.worker_nodes (3), got 5",
         ),
         (
             "{kind: partition, node: 1, at_step: 3, from: [head, 7]}",
@@ -140,7 +145,7 @@ def _cut(**kw):
         **rec.model_dump(mode="json", by_alias=True),
         "outcome": "injected",
         "target": "n2",
-        "node_id": "nodeB",
+        "node_ids": ["nodeB"],
         "step": 31,
         "at": 100.0,
         "healed_at": 112.0,

@@ -640,3 +640,73 @@ def test_a_backlog_is_judged_over_its_newest_two_spans_only(clock):
     report, _ = m.stragglers()
     assert report.flagged == (1,) and report.through_step == 39
     assert m.flagged_since == {1: 20}
+
+
+def test_every_node_silent_at_once_is_the_supervisors_own_link_until_the_isolated_timeout(
+    clock,
+):
+    """A partition of the supervisor's node: every agent falls silent together while the
+    ranks train on among themselves. None is lost before health.isolated_timeout_s; one
+    node silent alone is lost after the heartbeat timeout as ever; a node Ray marks dead
+    is lost at once."""
+    m = monitor(heartbeat_timeout_s=3.0, isolated_timeout_s=30.0)
+    for node in "abc":
+        m.node_answered(node)
+    t0 = clock()
+    for node in "abc":
+        m.node_asked(node, t0)
+    lost, reason = m.lost_nodes(t0 + 10.0)
+    assert lost == [] and reason.startswith("every node silent for 10.0 s at once")
+    assert "health.isolated_timeout_s=30" in reason and m.isolated_for(t0 + 10.0) == 10.0
+    assert m.lost_nodes(t0 + 30.0)[0] == ["a", "b", "c"]  # then they are
+    m.node_answered("a")  # one answers: the others are silent on their own
+    assert m.isolated_for(t0 + 10.0) is None
+    assert m.lost_nodes(t0 + 10.0)[0] == ["b", "c"]
+    m.node_answered("b")
+    m.node_answered("c")
+    for node in "abc":
+        m.node_asked(node, t0 + 20.0)
+    m.ray_states({"c": False})  # Ray's own table: no waiting for that one
+    assert m.lost_nodes(t0 + 25.0)[0] == ["a", "b", "c"]
+
+
+def test_an_isolated_timeout_of_zero_treats_them_as_any_silent_node(clock):
+    m = monitor(heartbeat_timeout_s=3.0, isolated_timeout_s=0.0)
+    for node in "ab":
+        m.node_answered(node)
+        m.node_asked(node, clock())
+    assert m.lost_nodes(clock.advance(3.0))[0] == ["a", "b"]
+
+
+def test_once_the_supervisors_link_is_back_a_node_still_silent_gets_its_own_timeout(clock):
+    """After a spell of every node silent, the first to answer ends it; the others (their
+    connections still resending what the cut lost) count their silence from then."""
+    m = monitor(heartbeat_timeout_s=3.0, isolated_timeout_s=30.0)
+    for node in "ab":
+        m.node_answered(node)
+    t0 = clock()
+    for node in "ab":
+        m.node_asked(node, t0)
+    assert m.lost_nodes(t0 + 12.0)[0] == []  # isolated
+    m.node_answered("a")
+    m.restart_silence(t0 + 12.0)  # what the supervisor does when the spell ends
+    assert m.lost_nodes(t0 + 14.9)[0] == []
+    assert m.lost_nodes(t0 + 15.0)[0] == ["b"]
+
+
+def test_nodes_cut_a_moment_apart_are_one_spell(clock):
+    """A partition reaches the nodes one after another: the last one silent for a third of
+    the heartbeat timeout when the first passes it is the same spell."""
+    m = monitor(heartbeat_timeout_s=3.0, isolated_timeout_s=30.0)
+    for node in "abc":
+        m.node_answered(node)
+    t0 = clock()
+    m.node_asked("a", t0)
+    m.node_asked("b", t0 + 0.5)
+    m.node_asked("c", t0 + 1.9)  # silent 1.1 s when a passes 3 s
+    assert m.isolated_for(t0 + 3.0) == 3.0
+    assert m.lost_nodes(t0 + 3.0)[0] == []
+    m.node_answered("c")
+    m.node_asked("c", t0 + 2.5)  # one that answered half a second ago is not quiet
+    assert m.isolated_for(t0 + 3.0) is None
+    assert m.lost_nodes(t0 + 3.0)[0] == ["a"]
