@@ -317,9 +317,10 @@ class NetnsCluster:
         )
         node.faults.add(name)
 
-    def heal(self, node: NetNode) -> None:
-        """Undo every fault this module put on `node`'s link."""
-        for name in sorted(node.faults):
+    def heal(self, node: NetNode, only: str | None = None) -> None:
+        """Undo every fault this module put on `node`'s link, or `only` that one (cut,
+        loss, delay): faults that overlap on one node end each at its own time."""
+        for name in sorted(node.faults if only is None else node.faults & {only}):
             if name == "delay" and node.line is not None:
                 node.line.stop()
                 node.line = None

@@ -121,6 +121,10 @@ def parse(data: dict[str, Any]) -> NetFault:
     return _KINDS[data["kind"]].model_validate(data)
 
 
+# What each kind puts on a node's link (netns.py's names), so that its heal undoes only it.
+_ON_LINK = {"partition": "cut", "flap": "cut", "loss": "loss", "delay": "delay"}
+
+
 def is_network(fault: dict[str, Any]) -> bool:
     return isinstance(fault, dict) and fault.get("kind") in _KINDS
 
@@ -249,7 +253,7 @@ class NetworkInjector:
             self._done.wait(hold) if hold is not None else self._done.wait()
             for node in nodes:
                 with contextlib.suppress(Exception):
-                    self.cluster.heal(node)
+                    self.cluster.heal(node, only=_ON_LINK[f.kind])
             rec["windows"].append([round(start, 3), round(time.time(), 3)])
             if isinstance(f, Flap) and n + 1 < rounds and self._done.wait(f.up_s):
                 break

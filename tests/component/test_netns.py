@@ -19,3 +19,19 @@ def test_without_the_tools_it_is_refused_naming_what_is_missing(monkeypatch):
     assert str(e.value) == (
         "a cluster with a network per node needs `nft` (Debian's nftables package)"
     )
+
+
+def test_a_heal_undoes_only_its_own_fault_on_a_node(monkeypatch):
+    """Faults that overlap on one node (a loss, then a cut) end each at its own time: the
+    commands a heal runs, without a cluster."""
+    ran: list[tuple] = []
+    monkeypatch.setattr(netns, "_run", lambda *cmd, ns=None, **kw: ran.append((ns, cmd)) or "")
+    cluster = object.__new__(NetnsCluster)
+    node = netns.NetNode("stwx-n1", "10.231.9.11", "stwxv1", faults={"cut", "loss"})
+    cluster.heal(node, only="cut")
+    assert ran == [("stwx-n1", ("nft", "delete", "table", "inet", "stalwart_chaos_cut"))]
+    assert node.faults == {"loss"}
+    cluster.heal(node, only="delay")  # not on it: nothing to undo
+    assert len(ran) == 1
+    cluster.heal(node)
+    assert ran[-1][1][-1] == "stalwart_chaos_loss" and node.faults == set()
