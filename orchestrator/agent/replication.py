@@ -69,6 +69,18 @@ ADDRESS_TIMEOUT_S = 10.0
 NO_CHANNEL_RETRY_S = 30.0  # a peer whose channel address could not be had: Ray until then
 
 
+def unrolled(
+    queued: list[tuple[int, int | None]], step: int, generation: int | None
+) -> list[tuple[int, int | None]]:
+    """A rank's queue of (step, generation) to send, without the entries a rollback undid:
+    those an older generation wrote of `step` or later, now that `generation` writes
+    `step` (they would go out under the old generation's name, and be refused, while the
+    new shard of that step waited behind them)."""
+    if generation is None:
+        return queued
+    return [(s, g) for s, g in queued if g is None or g >= generation or s < step]
+
+
 class ReplicaStore(MemoryShardStore):
     """The copies of peers' shards. A copy over the channel is read straight into a buffer
     of this store (`reserve`) and kept as it is (`adopt`): no second copy.
@@ -203,9 +215,13 @@ class Replicator:
         when the thread is free."""
         with self._cv:
             self._newest[rank] = (step, generation)  # for new peers (set_peers)
+            queued = unrolled(self._pending.get(rank, []), step, generation)
+            if queued:
+                self._pending[rank] = queued
+            else:  # never an empty queue: the senders take each rank's first
+                self._pending.pop(rank, None)
             if step % self._stride or not self._peers:
                 return
-            queued = self._pending.get(rank, [])
             if queued and step <= queued[-1][0]:
                 return
             self._pending[rank] = (

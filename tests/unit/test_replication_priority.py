@@ -160,3 +160,16 @@ def test_with_a_bounded_lag_a_failed_copy_is_sent_again_and_a_damaged_one_passed
         assert rep.replicated == [(0, 2, 3), (0, 4, 3), (0, 6, 3)]
     finally:
         rep.close()
+
+
+def test_a_rollback_undoes_the_queued_shards_of_the_old_generation():
+    """Generation 2 restarted from step 56 and writes step 57 again: generation 1's queued
+    57 and 58 go (sent, they would be refused as fenced while the new 57 waited behind
+    them); its 55 and 56 (the job's history) stay, and a new generation's entries too."""
+    from stalwart.orchestrator.agent.replication import unrolled
+
+    queued = [(55, 1), (56, 1), (57, 1), (58, 1)]
+    assert unrolled(queued, 57, 2) == [(55, 1), (56, 1)]
+    assert unrolled(queued, 59, 1) == queued  # the same generation: nothing undone
+    assert unrolled([(57, 2), (58, None)], 57, 2) == [(57, 2), (58, None)]
+    assert unrolled(queued, 57, None) == queued  # a writer not known: nothing undone
