@@ -5,10 +5,12 @@ node runs in its own Linux network namespace, wired to a bridge in the root name
 a veth pair, with an address of its own in a private /24 that only these namespaces use.
 The head (`ray start --head`, no CPUs: the driver's and the supervisor's node) listens on
 the bridge's address. A fault cuts or degrades one node's link with nftables rules in its
-namespace, so every socket of that node (raylet, workers, stalwart's agent and channel)
-sees it, as on a real network, and nothing in stalwart's code is told.
+namespace (a cut, a loss) or a delay on it (netem, or where the kernel has none a delay line
+in this process: chaos/delay_line.py), so every socket of that node (raylet, workers,
+stalwart's agent and channel) sees it, as on a real network, and nothing in stalwart's code
+is told.
 
-Needs root, iproute2's `ip` and nftables' `nft` (`apt-get install nftables`); refused with
+Needs root, iproute2's `ip` and `tc`, nftables' `nft` (`apt-get install nftables`); refused with
 what is missing otherwise, never a silent no-op. Tests start one per module; a user can
 start one for their own chaos runs on one machine:
 
