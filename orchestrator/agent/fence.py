@@ -20,12 +20,15 @@ KEPT = 64  # rollbacks remembered: a copy older than all of them was refused lon
 
 class Fence:
     def __init__(self) -> None:
-        self.generation = 0  # hand-overs of generations below this one are stale
         self._rollbacks: list[tuple[int, int]] = []  # (generation started, its restore step)
+
+    @property
+    def generation(self) -> int:
+        """The newest generation a rollback started: hand-overs of older ones are stale."""
+        return max((g for g, _ in self._rollbacks), default=0)
 
     def rolled_back(self, generation: int, above: int | None) -> None:
         """Generation `generation` starts from step `above` (None: from scratch)."""
-        self.generation = max(self.generation, generation)
         self._rollbacks = [
             *self._rollbacks[-(KEPT - 1) :],
             (generation, -1 if above is None else above),

@@ -250,7 +250,7 @@ class NetworkInjector:
                 rec["outcome"] = f"failed: {e}"
                 return
             hold = f.down_s if isinstance(f, Flap) else f.seconds
-            self._done.wait(hold) if hold is not None else self._done.wait()
+            self._done.wait(hold)  # None: until finish()
             for node in nodes:
                 with contextlib.suppress(Exception):
                     self.cluster.heal(node, only=_ON_LINK[f.kind])

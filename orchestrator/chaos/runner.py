@@ -140,7 +140,7 @@ def scenario_cluster(
     handle when its nodes have networks of their own. A local multi-node Ray the command
     starts here is stopped on the way out (its loopback ports, or its namespaces, only)."""
     if opts.address is not None:
-        with _environ(opts.netns.env if opts.netns else {}):
+        with environ(opts.netns.env if opts.netns else {}):
             yield opts.address, opts.owns_cluster, opts.netns
         return
     if sc.cluster.worker_nodes == 0:
@@ -151,7 +151,7 @@ def scenario_cluster(
 
         with (
             NetnsCluster(sc.cluster.worker_nodes, sc.cluster.cpus_per_node) as netns,
-            _environ(netns.env),
+            environ(netns.env),
         ):
             try:
                 yield netns.address, True, netns
@@ -180,7 +180,7 @@ def scenario_cluster(
 
 
 @contextlib.contextmanager
-def _environ(env: dict[str, str]) -> Iterator[None]:
+def environ(env: dict[str, str]) -> Iterator[None]:
     """`env` in this process's environment (the drivers' Ray reads it), then as it was."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

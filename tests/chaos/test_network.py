@@ -24,7 +24,7 @@ from stalwart.orchestrator.chaos.netns import NetnsCluster
 from stalwart.orchestrator.chaos.runner import ChaosOptions, run_scenario
 from stalwart.orchestrator.chaos.scenario import load_scenario
 from stalwart.orchestrator.driver import ChaosRefused
-from tests.chaos.test_scenarios import EXAMPLES, _failed, _of
+from tests.chaos.test_scenarios import EXAMPLES, _failed, _of, run_example
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(900)]
 
@@ -110,20 +110,7 @@ def test_a_node_cut_off_by_a_partition_answers_again_once_healed(netns):
 
 def _run(name, netns, cache, tmp_path):
     netns.ensure_nodes()
-    sc = load_scenario(EXAMPLES / f"{name}.yaml")
-    opts = ChaosOptions(
-        output=tmp_path / name,
-        address=netns.address,
-        owns_cluster=True,  # this module started it
-        base_dir=str(EXAMPLES),
-        cache_dir=cache,
-        netns=netns,
-    )
-    verdict = run_scenario(sc, opts)
-    run = tmp_path / name / "chaos"
-    result = json.loads((run / "result.json").read_text())
-    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
-    return verdict, result, events
+    return run_example(name, netns.address, cache, tmp_path, netns=netns)[1:]
 
 
 def test_a_partitioned_nodes_ranks_are_replaced_and_the_healed_node_is_not_rejoined(

@@ -12,7 +12,6 @@ run happens once.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -21,7 +20,12 @@ from pathlib import Path
 import pytest
 
 from stalwart.ckpt.durable import DurableStore
-from stalwart.orchestrator.chaos.runner import ChaosOptions, baseline_digest, run_scenario
+from stalwart.orchestrator.chaos.runner import (
+    ChaosOptions,
+    baseline_digest,
+    environ,
+    run_scenario,
+)
 from stalwart.orchestrator.chaos.scenario import job_specs, load_scenario
 from stalwart.orchestrator.driver import RunOptions, run_job
 from tests.component.conftest import REPO, stalwart_cli
@@ -276,29 +280,39 @@ def test_every_example_scenario_is_run():
 LONG = {"storm", "kill-supervisor"}
 
 
+def run_example(name, address, cache, tmp_path, netns=None):
+    """examples/chaos/NAME through `stalwart chaos run`'s runner on the cluster at
+    `address`, which the calling module started: (the scenario, its verdict, the chaos
+    run's result.json and events)."""
+    sc = load_scenario(EXAMPLES / f"{name}.yaml", OVERRIDES.get(name, []))
+    opts = ChaosOptions(
+        output=tmp_path / name,
+        address=address,
+        owns_cluster=True,
+        base_dir=str(EXAMPLES),
+        cache_dir=cache,
+        netns=netns,
+    )
+    verdict = run_scenario(sc, opts)
+    run = tmp_path / name / "chaos"
+    result = json.loads((run / "result.json").read_text())
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    return sc, verdict, result, events
+
+
 @pytest.mark.parametrize(
     "name", [pytest.param(n, marks=pytest.mark.long) if n in LONG else n for n in SCENARIOS]
 )
 def test_example_scenario_passes(name, cluster, cache, tmp_path):
-    sc = load_scenario(EXAMPLES / f"{name}.yaml", OVERRIDES.get(name, []))
-    cluster.ensure_worker_nodes(max(3, sc.cluster.worker_nodes), exactly=True)
-    opts = ChaosOptions(
-        output=tmp_path / name,
-        address=cluster.address,
-        owns_cluster=True,  # this module started it
-        base_dir=str(EXAMPLES),
-        cache_dir=cache,
-    )
-    verdict = run_scenario(sc, opts)
+    workers = load_scenario(EXAMPLES / f"{name}.yaml").cluster.worker_nodes
+    cluster.ensure_worker_nodes(max(3, workers), exactly=True)
+    sc, verdict, result, events = run_example(name, cluster.address, cache, tmp_path)
     assert verdict.passed, _failed(verdict)
     assert all(row.outcome == "injected" for row in verdict.faults)
     on_disk = json.loads((tmp_path / name / "verdict.json").read_text())
     assert on_disk["passed"] is True and on_disk["scenario"] == name
     suite = ET.parse(tmp_path / name / "junit.xml").getroot().find("testsuite")
     assert suite.get("failures") == "0" and int(suite.get("tests")) == len(verdict.checks)
-    run = tmp_path / name / "chaos"
-    result = json.loads((run / "result.json").read_text())
-    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     if name in EXTRA:
         EXTRA[name](result, events, verdict)
     if name == "storm":
@@ -361,16 +375,8 @@ def test_chaos_run_cli_on_a_cluster_it_did_not_start(cluster, cache, tmp_path):
 
 
 def _cli(env: dict, *args: str, address: str, timeout: float):
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with environ(env):
         return stalwart_cli(*args, address=address, timeout=timeout)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _wait_for(path: Path, pred, timeout_s: float) -> dict:

@@ -13,22 +13,14 @@ from stalwart.orchestrator.chaos.network import Flap, JobWatch, Partition, parse
 from stalwart.orchestrator.chaos.scenario import job_specs, load_scenario
 from stalwart.orchestrator.chaos.verdict import judge
 from stalwart.orchestrator.spec import SpecError
+from tests.unit.test_chaos_verdict import _scenario
 
-JOB = """\
-name: tiny
-entrypoint: stalwart.examples.gpt.train:train_loop
-workers: 4
-resources: {cpu: 1}
-steps: 100
-"""
 NETNS = "cluster: {worker_nodes: 3, network: netns}\n"
 
 
 def _load(tmp_path: Path, faults: str, cluster: str = NETNS, expect: str = ""):
-    (tmp_path / "job.yaml").write_text(JOB)
-    path = tmp_path / "s.yaml"
-    path.write_text(f"name: n\njob: {{spec: job.yaml}}\n{cluster}faults:\n{faults}{expect}")
-    return load_scenario(path)
+    body = f"name: n\njob: {{spec: job.yaml}}\n{cluster}faults:\n{faults}{expect}"
+    return load_scenario(_scenario(tmp_path, body))  # test_chaos_verdict's job of 4 workers
 
 
 def test_network_faults_are_checked_and_stay_out_of_the_job_spec(tmp_path):

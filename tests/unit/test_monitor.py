@@ -642,6 +642,15 @@ def test_a_backlog_is_judged_over_its_newest_two_spans_only(clock):
     assert m.flagged_since == {1: 20}
 
 
+def _all_asked(m: HealthMonitor, nodes: str, at: float) -> float:
+    """`nodes` watched (each answered once), then each asked at `at` and silent since."""
+    for node in nodes:
+        m.node_answered(node)
+    for node in nodes:
+        m.node_asked(node, at)
+    return at
+
+
 def test_every_node_silent_at_once_is_the_supervisors_own_link_until_the_isolated_timeout(
     clock,
 ):
@@ -650,11 +659,7 @@ def test_every_node_silent_at_once_is_the_supervisors_own_link_until_the_isolate
     node silent alone is lost after the heartbeat timeout as ever; a node Ray marks dead
     is lost at once."""
     m = monitor(heartbeat_timeout_s=3.0, isolated_timeout_s=30.0)
-    for node in "abc":
-        m.node_answered(node)
-    t0 = clock()
-    for node in "abc":
-        m.node_asked(node, t0)
+    t0 = _all_asked(m, "abc", clock())
     lost, reason = m.lost_nodes(t0 + 10.0)
     assert lost == [] and reason.startswith("every node silent for 10.0 s at once")
     assert "health.isolated_timeout_s=30" in reason and m.isolated_for(t0 + 10.0) == 10.0
@@ -672,9 +677,7 @@ def test_every_node_silent_at_once_is_the_supervisors_own_link_until_the_isolate
 
 def test_an_isolated_timeout_of_zero_treats_them_as_any_silent_node(clock):
     m = monitor(heartbeat_timeout_s=3.0, isolated_timeout_s=0.0)
-    for node in "ab":
-        m.node_answered(node)
-        m.node_asked(node, clock())
+    _all_asked(m, "ab", clock())
     assert m.lost_nodes(clock.advance(3.0))[0] == ["a", "b"]
 
 
@@ -682,11 +685,7 @@ def test_once_the_supervisors_link_is_back_a_node_still_silent_gets_its_own_time
     """After a spell of every node silent, the first to answer ends it; the others (their
     connections still resending what the cut lost) count their silence from then."""
     m = monitor(heartbeat_timeout_s=3.0, isolated_timeout_s=30.0)
-    for node in "ab":
-        m.node_answered(node)
-    t0 = clock()
-    for node in "ab":
-        m.node_asked(node, t0)
+    t0 = _all_asked(m, "ab", clock())
     assert m.lost_nodes(t0 + 12.0)[0] == []  # isolated
     m.node_answered("a")
     m.restart_silence(t0 + 12.0)  # what the supervisor does when the spell ends
