@@ -1,8 +1,10 @@
 """A durable step as a DCP checkpoint (``torch.distributed.checkpoint``'s format): what each
 rank's node writes from its memory, and DCP's index of the whole step.
 
-A step directory holds ``__R_0.distcp`` per rank R (DCP's file names), ``.metadata`` (DCP's
-index, pickled, as torch writes it) and stalwart's ``manifest.json`` (ckpt/manifest.py).
+A step directory holds ``__R_0.distcp`` per rank R (DCP's file names; ``__R_0.genG.distcp``
+when a job's generation G wrote it, so a generation a recovery fenced off, still writing,
+never overwrites a file another generation's manifest lists), ``.metadata`` (DCP's index,
+pickled, as torch writes it) and stalwart's ``manifest.json`` (ckpt/manifest.py).
 Inside a rank's file every blob is what DCP's file system writer writes: a tensor's
 ``torch.save`` bytes, or a value's; DCP's reader finds them through ``.metadata``.
 
@@ -33,6 +35,7 @@ import base64
 import hashlib
 import io
 import pickle
+import re
 import uuid
 import warnings
 from collections import defaultdict
@@ -89,9 +92,22 @@ def shard_signature(skeleton: bytes) -> str | None:
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-def rank_file(rank: int) -> str:
-    """Rank `rank`'s data file, named as DCP's file system writer names it."""
-    return f"__{rank}_0.distcp"
+def rank_file(rank: int, generation: int | None = None) -> str:
+    """Rank `rank`'s data file, named as DCP's file system writer names it, with the
+    generation that writes it when known (DCP's reader finds files through ``.metadata``,
+    whatever their names)."""
+    if generation is None:
+        return f"__{rank}_0.distcp"
+    return f"__{rank}_0.gen{generation}.distcp"
+
+
+def file_generation(name: str) -> int | None:
+    """The generation a rank's data file names (`rank_file`), None when it names none."""
+    m = _GEN_FILE.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+_GEN_FILE = re.compile(r"__\d+_0\.gen(\d+)\.distcp")
 
 
 @dataclass
@@ -197,14 +213,18 @@ def _save(value: Any) -> bytes:
 
 
 def write_rank(
-    write: Callable[[bytes], Any], snapshot: Snapshot, plan: RankPlan, rank: int
+    write: Callable[[bytes], Any],
+    snapshot: Snapshot,
+    plan: RankPlan,
+    rank: int,
+    generation: int | None = None,
 ) -> dict[str, Any]:
     """Write rank `rank`'s blobs of `snapshot` through `write` (one file, in order); returns
     what the supervisor needs of them for the manifest and DCP's index (plain values)."""
     from stalwart.ckpt.snapshot import _as_numpy
 
     raw = np.ascontiguousarray(_as_numpy(snapshot.payload)).reshape(-1).view(np.uint8)
-    name, pos, whole = rank_file(rank), 0, hashlib.sha256()
+    name, pos, whole = rank_file(rank, generation), 0, hashlib.sha256()
     entries: dict[str, Any] = {}
     where: list[Location] = []
     own_at: Location | None = None

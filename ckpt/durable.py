@@ -4,8 +4,8 @@ memory://, ...), which outlive every node of the job.
 Layout under ``<uri>/<job>/``::
 
     step-000000000040/
-        __0_0.distcp              one file per rank (DCP's names), written by a node
-        __1_0.distcp              holding that rank's shard in memory
+        __0_0.gen3.distcp         one file per rank (DCP's names, and the job's generation
+        __1_0.gen3.distcp         that wrote it), written by a node holding its shard
         .metadata                 DCP's index of the step
         manifest.json             written last, once every file is in place
 
@@ -227,16 +227,19 @@ class DurableStore:
                 self.fs.rm_file(path)
             raise
 
-    def write_rank(self, step: int, rank: int, snapshot: Snapshot) -> dict[str, Any]:
+    def write_rank(
+        self, step: int, rank: int, snapshot: Snapshot, generation: int | None = None
+    ) -> dict[str, Any]:
         """Write `rank`'s file of `step` as DCP lays it out (ckpt/dcp_format.py; hashed as
-        written). Returns what `write_manifest` needs of it (plain values)."""
+        written), named for the job's `generation` writing it. Returns what
+        `write_manifest` needs of it (plain values)."""
         if snapshot.step != step:
             raise ValueError(f"snapshot is of step {snapshot.step}, not {step}")
         plan = dcp_format.plan_rank(snapshot, rank)
-        path = _join(self.step_dir(step), dcp_format.rank_file(rank))
+        path = _join(self.step_dir(step), dcp_format.rank_file(rank, generation))
 
         def produce(f) -> dict[str, Any]:
-            return dcp_format.write_rank(f.write, snapshot, plan, rank)
+            return dcp_format.write_rank(f.write, snapshot, plan, rank, generation)
 
         return self._retry("writing shard", path, lambda: self._write(path, produce))
 

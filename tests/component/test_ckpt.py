@@ -294,7 +294,8 @@ def test_corrupt_and_partial_checkpoints_are_skipped_with_reasons(mrun, mbaselin
     kept = sorted(int(p.name.split("-")[1]) for p in root.iterdir())
     assert len(kept) == 3 and kept[-1] == 95, kept
     oldest, middle, newest = kept
-    shard = root / f"step-{newest:012d}" / "__1_0.distcp"  # rank 1's file of the DCP step
+    # Rank 1's file of the DCP step, named for the generation that wrote it.
+    [shard] = (root / f"step-{newest:012d}").glob("__1_0.gen*.distcp")
     shard.write_bytes(shard.read_bytes()[:-100])  # truncated
     (root / f"step-{middle:012d}" / "manifest.json").unlink()  # a writer died before it
     second = mrun(spec)

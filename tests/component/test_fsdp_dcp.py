@@ -67,7 +67,7 @@ def test_a_dcp_checkpoint_stalwart_wrote_loads_with_plain_dcp_load(mrun, tmp_pat
     result = mrun(spec)
     assert result["status"] == "succeeded", result["error"]
     step8 = uri / "dcp" / "step-000000000008"
-    assert (step8 / ".metadata").exists() and (step8 / "__3_0.distcp").exists()
+    assert (step8 / ".metadata").exists() and (step8 / "__3_0.gen1.distcp").exists()
     # Plain torch, from stalwart's step 8: steps 8..15 as stalwart trained them.
     losses, digest = plain(world=4, steps=16, start=8, load=str(step8))
     assert digest == result["model_digest"]
