@@ -25,7 +25,7 @@ from stalwart.ckpt.snapshot import Snapshot, TensorMeta, payload_checksum
 from stalwart.ckpt.store import ShardInfo, ShmShardStore
 from stalwart.orchestrator.agent.channel import KEY_BYTES, ChannelServer, StaleCopy
 from stalwart.orchestrator.agent.copy_gate import CopyGate
-from stalwart.orchestrator.agent.fence import Fence
+from stalwart.orchestrator.agent.fence import Fence, Refusals
 from stalwart.orchestrator.agent.gpu_watch import GpuWatch
 from stalwart.orchestrator.agent.own_store import OwnStore
 from stalwart.orchestrator.agent.replication import ReplicaStore, Replicator
@@ -90,13 +90,14 @@ class NodeAgent:
         self._bounded = False
         self.replicator = Replicator(self.store, on_replicated=self.gate.replicated)
         self.fence = Fence()  # the job's rollbacks: what hand-overs and copies are stale
+        self.refusals = Refusals()  # what the fence refused, for the supervisor's events
         self.channel = ChannelServer(
             os.urandom(KEY_BYTES),
             self._channel_put,
             self.get_shard,
             self.replicas.reserve,
             before_put=self.replicas.make_room,
-            fenced=self.fence.refuses,
+            fenced=self._refuses_copy,
         )
         self._refuse_upto = -1  # chaos drop_replicas: shards of steps <= this are lost
         self._prune_lock = threading.Lock()
@@ -191,6 +192,13 @@ class NodeAgent:
         a shard the replicator cannot send does; the bound holds again from the next step
         kept."""
         if self.fence.stale(generation):
+            self.refusals.note(
+                "ring",
+                generation,
+                f"rank {rank}'s snapshot of step {step} refused: written by generation "
+                f"{generation}, which a recovery ended (generation {self.fence.generation} "
+                "runs now)",
+            )
             return True
         if step > self._refuse_upto:
             return False
@@ -305,11 +313,18 @@ class NodeAgent:
         """A peer's copy of `rank`'s shard (written by `generation`), through Ray (a peer
         that has no channel here). Refused (StaleCopy) when a recovery rolled that
         generation back to before its step (agent/fence.py)."""
-        if (why := self.fence.refuses(generation, snapshot.step)) is not None:
+        if (why := self._refuses_copy(generation, snapshot.step)) is not None:
             raise StaleCopy(why)
         if snapshot.step <= self._refuse_upto:  # lost with the node's memory (chaos)
             return ShardInfo(rank, snapshot.step, 0)
         return self.replicas.put(rank, snapshot)
+
+    def _refuses_copy(self, generation: int | None, step: int) -> str | None:
+        """Why a peer's copy of `step` written by `generation` is refused (noted), or None."""
+        why = self.fence.refuses(generation, step)
+        if why is not None:
+            self.refusals.note("replicas", generation, f"a peer's copy of {why}")
+        return why
 
     def _channel_put(self, rank: int, snapshot: Snapshot) -> None:
         """A peer's copy over the channel, read into a buffer of the replica store."""
@@ -340,12 +355,19 @@ class NodeAgent:
         return self._durable[key]
 
     def persist(
-        self, target: dict[str, Any], step: int, ranks: list[int], fault: dict | None = None
+        self,
+        target: dict[str, Any],
+        step: int,
+        ranks: list[int],
+        fault: dict | None = None,
+        generation: int | None = None,
     ) -> list[dict]:
         """Write `ranks`' shards of `step` from this node's memory to the durable target
         (blocking this call's thread only; retries with backoff inside), each as a rank's
-        file of a DCP checkpoint (ckpt/dcp_format.py). Returns what the manifest needs of
-        them; raises DurableError when the target keeps failing.
+        file of a DCP checkpoint (ckpt/dcp_format.py) named for `generation`, the one that
+        asked: a write still going when a recovery fences that generation off lands beside
+        the next one's files, never over them, and no manifest lists it. Returns what the
+        manifest needs of them; raises DurableError when the target keeps failing.
         `fault`: chaos `during: persist`, a kill_node carried out after the first shard."""
         store = self._durable_store(target)
         records = []
@@ -359,7 +381,7 @@ class NodeAgent:
                     f"{step} (it holds steps {self.store.stored().get(rank, [])} of its own "
                     f"and {self.replicas.stored().get(rank, [])} as copies)"
                 )
-            records.append(store.write_rank(step, rank, _private_copy(snap, rank)))
+            records.append(store.write_rank(step, rank, _private_copy(snap, rank), generation))
         if fault is not None:
             self._die_for(fault)  # this node wrote one shard only: the first one
         return records
@@ -536,7 +558,7 @@ class NodeAgent:
                 "replicas": self.replicas.stored(),
                 # What the checkpoints take: rings, slot files, copies, spare buffers.
                 "held_bytes": self.store.allocated() + self.replicas.allocated(),
-                "notes": self.store.take_notes(),
+                "notes": self.store.take_notes() + self.refusals.take(),
                 "fence": self.fence.generation,
                 "shard_sigs": self._shard_sigs(),
                 "replication": self.replicator.status(),

@@ -49,3 +49,26 @@ class Fence:
                     f"{started} restarted from step {above}"
                 )
         return None
+
+
+class Refusals:
+    """What a node refused as fenced off, told to the supervisor once per path and
+    generation (the job's `fenced` events): a fenced generation's ranks keep trying, every
+    step, until they are stopped."""
+
+    def __init__(self) -> None:
+        self._told: set[tuple[str, int | None]] = set()
+        self._notes: list[dict[str, object]] = []
+
+    def note(self, path: str, generation: int | None, reason: str) -> None:
+        """`path`: what was refused ("ring": a rank's hand-over, "replicas": a peer's copy)."""
+        if (path, generation) in self._told:
+            return
+        self._told.add((path, generation))
+        self._notes.append(
+            {"type": "fenced", "path": path, "generation": generation, "reason": reason}
+        )
+
+    def take(self) -> list[dict[str, object]]:
+        notes, self._notes = self._notes, []
+        return notes

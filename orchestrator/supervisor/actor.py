@@ -33,12 +33,14 @@ from stalwart.orchestrator.state import JobState, StateMachine, Transition
 from stalwart.orchestrator.supervisor.checkpoints import Checkpoints
 from stalwart.orchestrator.supervisor.detect import Detection
 from stalwart.orchestrator.supervisor.elastic import Elastic
+from stalwart.orchestrator.supervisor.fencing import CallerFence
 from stalwart.orchestrator.supervisor.generation import Generation
 from stalwart.orchestrator.supervisor.lease import LeaseKeeper
 from stalwart.orchestrator.supervisor.ledger import Ledger
 from stalwart.orchestrator.supervisor.output import OutputLog
 from stalwart.orchestrator.supervisor.pool import WorkerPool
 from stalwart.orchestrator.supervisor.preflight import Preflight
+from stalwart.orchestrator.supervisor.progress import progress_of
 from stalwart.orchestrator.supervisor.recovery import Recovering, Recovery
 from stalwart.orchestrator.supervisor.resources import SchedulingError
 
@@ -90,6 +92,7 @@ class JobSupervisor:
         self.pool = WorkerPool(spec_, self.store_key, base_dir, emit)
         self.pool.clock.driver = dict(driver_marks or {})
         self.gen = Generation(spec_, self.pool, emit)
+        self.callers = CallerFence(lambda: self.pool.worker_info, lambda: self.gen.number, emit)
         self.preflight = Preflight(spec_, self.pool, self.faults, emit)
         self.ckpt = Checkpoints(spec_, self.pool, emit, incarnation=self.supervisor_restarts)
         self.detect = Detection(spec_, self.pool, self.ckpt, self.metrics, emit, self._lock)
@@ -175,17 +178,22 @@ class JobSupervisor:
             update["output"] = self.output.since(output_since)
         return update
 
-    def record_warning(self, rank: int, message: str) -> None:
-        """A rank found state a recovery would lose (worker/exactness.py)."""
-        self.events.emit("exactness_warning", rank=rank, reason=message)
+    def record_warning(self, rank: int, message: str, who: dict | None = None) -> None:
+        """A rank found state a recovery would lose (worker/exactness.py); `who`: the caller."""
+        if not self.callers.refuses(who, "an exactness warning"):
+            self.events.emit("exactness_warning", rank=rank, reason=message)
 
     def cancel(self) -> None:
         self._cancel.set()
 
-    def record_fault(self, fault: dict[str, Any]) -> None:
-        """A worker is about to carry out a chaos fault (called before it does)."""
+    def record_fault(self, fault: dict[str, Any], who: dict | None = None) -> bool:
+        """A worker is about to carry out a chaos fault (called before it does). False: the
+        caller was replaced, and does not carry it out."""
+        if self.callers.refuses(who, f"chaos fault {fault.get('index')} ({fault.get('kind')})"):
+            return False
         self.faults.record(fault)
         self.events.emit("fault_injected", **fault)
+        return True
 
     def inject(self, request: dict[str, Any]) -> dict[str, Any]:
         """`stalwart chaos inject`: a fault fired before its rank's next step, logged with who
@@ -218,9 +226,10 @@ class JobSupervisor:
                 self._commit_seen.wait(left)
         return point()
 
-    def storage_outage(self, seconds: float) -> None:
+    def storage_outage(self, seconds: float, who: dict | None = None) -> None:
         """Chaos storage_unavailable (called by the worker carrying out the fault)."""
-        self.ckpt.storage_outage(seconds)
+        if not self.callers.refuses(who, "a storage outage"):
+            self.ckpt.storage_outage(seconds)
 
     def store_key_of(self) -> str:
         """Which job run this is (node agents check their supervisor by it)."""
@@ -239,36 +248,7 @@ class JobSupervisor:
             return self.pool.bad.cordoned(time.time())
 
     def progress(self) -> dict[str, Any]:
-        beats = self.detect.current_beats(self.gen.number)
-        # A finished rank stops beating; its outcome holds its last step.
-        steps = [b["step"] for b in beats] + self.gen.steps()
-        losses = [b["metrics"]["loss"] for b in beats if "loss" in b.get("metrics", {})]
-        with self._lock:
-            cordoned = len(self.pool.bad.cordons.active(time.time()))
-            scores = sorted(
-                self.detect.monitor.last_scores.items(), key=lambda kv: kv[1], reverse=True
-            )
-        return {
-            "state": self.sm.state.value,
-            "generation": self.gen.number,
-            "step": max(steps) if steps else 0,
-            "total_steps": self.spec.steps,
-            "committed_step": self.ckpt.commit.committed,
-            "memory_bytes": sum(self.ckpt.held_bytes.values()),
-            "loss": sum(losses) / len(losses) if losses else None,
-            "samples": sum(b.get("samples", 0.0) for b in beats),
-            "failures": len(self.ledger.failures),
-            "restarts": self.recovery.restarts,
-            "goodput": self.metrics.goodput,
-            "steps_per_s": self.ledger.last_rate,
-            "workers": len(self.pool.workers),
-            "spares": len(self.pool.spares),
-            "standbys": self.pool.standbys.count(),
-            "hang_timeout_s": self.detect.monitor.hang_timeouts().step_s,
-            "cordoned": cordoned,
-            "slowest": scores[:3],
-            "now": time.time(),
-        }
+        return progress_of(self)
 
     def result(self) -> dict[str, Any]:
         ckpt = self.ckpt
@@ -352,8 +332,8 @@ class JobSupervisor:
         for rep in reports:
             if rep.get("output"):
                 self.output.add(rep["output"])
-            for note in rep.get("notes", ()):  # what a node agent had to say (shm_full)
-                self.events.emit(note["type"], node=rep["node"], reason=note["reason"])
+            for note in rep.get("notes", ()):  # what a node agent had to say (shm_full, fenced)
+                self.events.emit(note.pop("type"), **note, node=rep["node"])
         with self._commit_seen:
             self._commit_seen.notify_all()
         self.ledger.close_recovery(
@@ -449,6 +429,7 @@ class JobSupervisor:
         self.ledger.new_generation()
         self.ckpt.plan.sync()  # the agents know their peers and the bound before step one
         self.gen.start(restore_step, *self.ckpt.restore_from(restore_step, durable), faults)
+        self.ckpt.started(self.gen.number)
 
     def _finish(self) -> None:
         # Parameters, not buffers: under DDP's broadcast_buffers the ranks' buffers differ

@@ -285,7 +285,15 @@ class Checkpoints:
                 seq=(self.incarnation, self._prune_seq),
                 fence=next_generation,
             )
+        if next_generation is not None:
+            self.started(next_generation, restore)
         return restore, durable
+
+    def started(self, generation: int, restore_step: int | None = None) -> None:
+        """Generation `generation` runs (or is about to): writes to storage that older ones
+        started and did not commit are fenced off (supervisor/persist.py)."""
+        if self.persister is not None:
+            self.persister.fence(generation, restore_step)
 
     def borrow(self, rank: int, source: int) -> None:
         """`rank` (added by a grow) restores `source`'s shard until it has its own."""

@@ -9,6 +9,14 @@ the manifest (last: it is what makes the step complete, ckpt/durable.py)
 and prunes storage to `keep_last` complete checkpoints. A failing target costs retries with
 backoff inside each write, then a `persist_failed` event and a cool-down; the training goes
 on, and the older complete checkpoints stay valid.
+
+Fencing: every write is the job's generation's, the one running when it started. The
+agents name their files for it (``__R_0.genG.distcp``) and the manifest records it. A
+recovery fences the generation off (`fence`): a step it was still writing is dropped
+(`persist_fenced`) and never gets a manifest, so its files (an agent cut off by a partition
+may still write them after the heal) are listed by none and pruned with their directory.
+A manifest whose check passed before the fence is written: it was decided while its
+generation ran (``committed_at`` in the manifest, before the next generation's event).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ class Persister:
         self._cooldown_until = 0.0
         self.history: list[dict[str, Any]] = []
         self.failures = 0
+        self.generation = 0  # the job's generation now: the one whose writes may commit
 
     def pinned(self, newest: int | None) -> set[int]:
         """Steps the stores must keep: the one being written and, with every_steps, the
@@ -98,8 +107,10 @@ class Persister:
         """Write `step`: node -> (its agent, the ranks whose shard it writes); `faults`:
         node -> a chaos fault its agent carries out while writing."""
         faults = faults or {}
+        with self._lock:
+            generation = self.generation
         refs = {
-            agent.persist.remote(self.target, step, ranks, faults.get(node)): node
+            agent.persist.remote(self.target, step, ranks, faults.get(node), generation): node
             for node, (agent, ranks) in assignment.items()
             if ranks
         }
@@ -110,7 +121,28 @@ class Persister:
                 "refs": refs,
                 "started": time.time(),
                 "phase": "shards",
+                "generation": generation,
             }
+
+    def fence(self, generation: int, restore_step: int | None = None) -> None:
+        """Generation `generation` starts (after a roll back to `restore_step`): a write
+        an older one started and has not committed yet is dropped."""
+        with self._lock:
+            self.generation = max(self.generation, generation)
+            job = self._in_flight
+            if job is None or job["generation"] >= generation or job.get("committing"):
+                return
+            self._in_flight = None
+        restart = "" if restore_step is None else f" from step {restore_step}"
+        self._emit(
+            "persist_fenced",
+            path="durable",
+            step=job["step"],
+            generation=job["generation"],
+            reason=f"step {job['step']}'s write by generation {job['generation']} dropped: "
+            f"generation {generation} restarts{restart}; no manifest will list the files "
+            "its nodes still write",
+        )
 
     def poll(self) -> None:
         """Take the agents' answers that are in; never blocks."""
@@ -119,7 +151,7 @@ class Persister:
         if job is None or job["phase"] != "shards":
             return
         ready, _ = ray.wait(list(job["refs"]), num_returns=len(job["refs"]), timeout=0)
-        if len(ready) < len(job["refs"]):
+        if len(ready) < len(job["refs"]) or not self._current(job):
             return
         records: list[dict[str, Any]] = []  # the ranks' DCP files (DurableStore.write_rank)
         errors = {}
@@ -136,9 +168,20 @@ class Persister:
             target=self._finish, args=(job, records), name="stalwart-persist", daemon=True
         ).start()
 
+    def _current(self, job: dict[str, Any]) -> bool:
+        with self._lock:
+            return self._in_flight is job
+
     def _finish(self, job: dict[str, Any], records: list[dict[str, Any]]) -> None:
+        with self._lock:
+            if self._in_flight is not job:
+                return  # fenced off since (`fence` said so)
+            job["committing"] = True
+            committed_at = time.time()
+        extra = {"generation": job["generation"], "committed_at": committed_at}
+        if self.run:
+            extra["run"] = self.run
         try:
-            extra = {"run": self.run} if self.run else None
             self.store.write_manifest(job["step"], job["world"], extra=extra, writes=records)
         except (DurableError, OSError, ValueError) as e:
             self._failed(job, _cause(e))
@@ -156,7 +199,8 @@ class Persister:
         with self._lock:
             self.history.append(entry)
             self.last_step, self.last_at = job["step"], time.time()
-            self._in_flight = None
+            if self._in_flight is job:
+                self._in_flight = None
         self._emit(
             "persisted",
             **entry,
@@ -169,7 +213,8 @@ class Persister:
     def _failed(self, job: dict[str, Any], why: str) -> None:
         with self._lock:
             self.failures += 1
-            self._in_flight = None
+            if self._in_flight is job:
+                self._in_flight = None
             self._cooldown_until = time.time() + FAILURE_COOLDOWN_S
         self._emit(
             "persist_failed",
@@ -202,6 +247,7 @@ class Persister:
         with self._lock:
             return {
                 "uri": self.store.describe(),
+                "run": self.run,
                 "persisted": [h["step"] for h in self.history],
                 "last_step": self.last_step,
                 "failures": self.failures,

@@ -10,6 +10,7 @@ outside any slot. The spares are supervisor/spares.py's, the standbys standby.py
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -108,10 +109,15 @@ class WorkerPool:
 
     def lose_node(self, node: str) -> int:
         """`node` is gone: its slots are released at once (Ray would keep trying to re-place
-        them, see slots.py), its agent forgotten, its spares killed. Returns the spares lost."""
+        them, see slots.py), its agent stopped, its spares killed. Returns the spares lost.
+        A node cut off, not dead, heals with its agent alive: Ray's kill reaches it then, so
+        it never serves this job again (nor a successor supervisor that adopts agents)."""
         self.bad.lost.add(node)
         self.slots.release_on({node})
-        self.agents.pop(node, None)
+        agent = self.agents.pop(node, None)
+        if agent is not None:
+            with contextlib.suppress(Exception):  # gone with its node already
+                ray.kill(agent, no_restart=True)
         self.standbys.drop({node})
         return self.warm.drop_node(node)
 

@@ -326,9 +326,18 @@ class TrainWorker:
         """An exactness warning (worker/exactness.py): an event (shown live, kept in the
         event log), or this rank's log when there is no supervisor to tell."""
         if self.supervisor is not None:
-            self.supervisor.record_warning.remote(self.rank, message)
+            self.supervisor.record_warning.remote(self.rank, message, self._who())
         else:
             print(f"stalwart: warning: {message}", file=sys.stderr)
+
+    def _who(self) -> dict[str, Any]:
+        """This process, as the supervisor fences its calls (supervisor/fencing.py)."""
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "generation": self.generation,
+            "node_id": self.node_id,
+        }
 
     def _torchrun_env(
         self, generation: int, rendezvous: dict[str, Any], local_rank: int
@@ -442,7 +451,8 @@ class TrainWorker:
                 if fault.get("after_persist" if durable else "after_commit"):
                     waited = self.supervisor.await_commit.remote(fault["at_step"], wait_s, durable)
                     record[key], record["at"] = ray.get(waited), time.time()  # it fails now
-            ray.get(self.supervisor.record_fault.remote(record))
+            if not ray.get(self.supervisor.record_fault.remote(record, self._who())):
+                return  # this process was replaced (supervisor/fencing.py): not carried out
         # Also with the node agent, which outlives a supervisor: its successor must not
         # fire the fault again.
         ray.get(self.agent.note_fault.remote(fault["index"]))
@@ -453,7 +463,9 @@ class TrainWorker:
                 self.agent.inject_gpu_fault.remote(self._gpu_for_probe(), xid)
             ),
             drop_replicas=lambda: ray.get(self.agent.wipe.remote(fault["at_step"])),
-            storage_outage=lambda seconds: ray.get(self.supervisor.storage_outage.remote(seconds)),
+            storage_outage=lambda seconds: ray.get(
+                self.supervisor.storage_outage.remote(seconds, self._who())
+            ),
             kill_supervisor=lambda: ray.kill(self.supervisor, no_restart=True),
             corrupt_shards=lambda: ray.get(
                 self.agent.corrupt_shards.remote(self.rank, fault["following"])

@@ -35,3 +35,44 @@ def test_it_remembers_a_bounded_number_of_rollbacks():
         fence.rolled_back(g + 1, 1000)
     assert len(fence._rollbacks) == KEPT
     assert fence.refuses(3 * KEPT - 1, 1001) is not None
+
+
+def test_refusals_are_told_once_per_path_and_generation():
+    from stalwart.orchestrator.agent.fence import Refusals
+
+    r = Refusals()
+    for _ in range(3):  # a fenced generation's ranks try every step
+        r.note("ring", 1, "rank 0's snapshot of step 41 refused")
+    r.note("replicas", 1, "a peer's copy refused")
+    r.note("ring", 2, "rank 0's snapshot of step 90 refused")
+    notes = r.take()
+    assert [(n["type"], n["path"], n["generation"]) for n in notes] == [
+        ("fenced", "ring", 1),
+        ("fenced", "replicas", 1),
+        ("fenced", "ring", 2),
+    ]
+    r.note("ring", 1, "again")
+    assert r.take() == []
+
+
+def test_the_supervisor_refuses_a_replaced_process_and_says_so_once():
+    from stalwart.orchestrator.supervisor.fencing import CallerFence
+
+    events: list = []
+    info = {1: {"pid": 200, "node_id": "n2"}}
+    gen = [3]
+    fence = CallerFence(lambda: info, lambda: gen[0], lambda t, **kw: events.append((t, kw)))
+    old = {"rank": 1, "pid": 100, "generation": 2, "node_id": "n1"}
+    assert fence.refuses(old, "an exactness warning")
+    assert fence.refuses(old, "a storage outage")  # refused again, told once
+    [(kind, event)] = events
+    assert kind == "fenced" and event["path"] == "supervisor" and event["node"] == "n1"
+    assert event["rank"] == 1 and event["generation"] == 2
+    assert (
+        "pid 100" in event["reason"]
+        and "pid 200 holds the rank in generation 3" in (event["reason"])
+    )
+    # The rank's process now, whatever generation it names; a kept process; no caller.
+    assert not fence.refuses({"rank": 1, "pid": 200, "generation": 2}, "x")
+    assert not fence.refuses({"rank": 1, "pid": 100, "generation": 3}, "x")
+    assert not fence.refuses(None, "x")

@@ -99,9 +99,70 @@ def test_a_step_whose_manifest_is_written_is_persisted_even_if_retention_fails(t
         raise DurableError("listing: storage unavailable")
 
     p.store.prune = gone
-    p._finish({"step": 10, "world": 1, "started": 0.0}, records)
+    p._in_flight = job = {"step": 10, "world": 1, "started": 0.0, "generation": 1}
+    p._finish(job, records)
     [(kind, event)] = events
     assert kind == "persisted" and event["step"] == 10 and event["pruned"] == []
     assert "older steps not pruned yet: " in event["reason"]
     assert p.failures == 0 and p.last_step == 10
-    assert p.store.newest_valid(1)[0].extra == {"run": "run-a"}
+    extra = p.store.newest_valid(1)[0].extra
+    assert extra["run"] == "run-a" and extra["generation"] == 1 and extra["committed_at"] > 0
+
+
+def _writing(tmp_path, generation: int):
+    """A persister whose generation `generation` wrote rank 0's file of step 10 (its agent's
+    answer in), and the events it emits."""
+    from tests.unit.test_durable import make_snapshot
+
+    events: list = []
+    p = Persister(
+        PersistSpec(uri=str(tmp_path / "ck"), every_steps=10),
+        "job",
+        lambda etype, **kw: events.append((etype, kw)),
+        run="run-a",
+    )
+    p.fence(generation)
+    snap, _ = make_snapshot(10)
+    records = [p.store.write_rank(10, 0, snap, generation)]
+    p._in_flight = job = {"step": 10, "world": 1, "started": 0.0, "generation": generation}
+    return p, job, records, events
+
+
+def test_a_recovery_drops_the_write_its_fenced_generation_had_not_committed(tmp_path):
+    p, job, records, events = _writing(tmp_path, generation=2)
+    assert records[0]["record"]["file"] == "__0_0.gen2.distcp"  # named for its generation
+    p.fence(3, restore_step=7)
+    [(kind, event)] = events
+    assert kind == "persist_fenced" and event["path"] == "durable"
+    assert event["step"] == 10 and event["generation"] == 2
+    assert "generation 3 restarts from step 7" in event["reason"]
+    assert p.idle() and p.generation == 3  # the next write may start at once
+    p._finish(job, records)  # the agents' answers, late: nothing is committed
+    assert p.store.steps() == [10] and p.store.split_complete([10]) == ([], [10])
+    assert p.last_step is None and len(events) == 1
+
+
+def test_a_write_committing_when_the_fence_comes_is_kept(tmp_path):
+    # Its check passed while its generation ran: the manifest says when (committed_at).
+    p, job, _, events = _writing(tmp_path, generation=2)
+    job["committing"] = True
+    p.fence(3)
+    assert events == [] and not p.idle()
+    p.fence(2)  # an older generation's fence changes nothing
+    assert p.generation == 3
+
+
+def test_writes_start_under_the_generation_running_then(tmp_path):
+    p = make(tmp_path, every_steps=10)
+    p.fence(4)
+
+    class Agent:
+        class persist:  # a Ray actor method's shape
+            @staticmethod
+            def remote(*args):
+                calls.append(args)
+                return object()
+
+    calls: list = []
+    p.start(10, 1, {"n1": (Agent, [0])})
+    assert calls[0][-1] == 4 and p._in_flight["generation"] == 4
