@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stalwart.orchestrator.chaos import fencing
 from stalwart.orchestrator.chaos.network import NetworkInjector
 from stalwart.orchestrator.chaos.render import junit
 from stalwart.orchestrator.chaos.scenario import Scenario, TimedFault, job_specs
@@ -420,7 +421,13 @@ def run_scenario(
     for t, answer in injected:
         if "error" in answer:
             faults.append({**t.fault, "at_step": -1, "refused": answer["error"]})
-    verdict = judge(sc, faults, result, events, digest, alerts, alerts_error, network)
+    persist = faulty.checkpoint.persist
+    durable = (
+        fencing.audit(persist.uri, faulty.name, (result.get("persist") or {}).get("run"))
+        if persist.uri
+        else None
+    )
+    verdict = judge(sc, faults, result, events, digest, alerts, alerts_error, network, durable)
     (opts.output / "verdict.json").write_text(json.dumps(verdict.to_dict(), indent=2) + "\n")
     (opts.output / "junit.xml").write_text(junit([verdict]))
     return verdict

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from stalwart.orchestrator.chaos import fencing
 from stalwart.orchestrator.chaos.scenario import Scenario
 
 # Kinds whose effect is not a failure of the rank: what shows that they were noticed.
@@ -186,10 +187,12 @@ def judge(
     alerts: dict[str, float] | None = None,
     alerts_error: str | None = None,
     network: list[dict[str, Any]] = (),
+    durable: fencing.Audit | None = None,
 ) -> Verdict:
     """The verdict of one chaos run of `sc` (its resolved `faults`, and the records of the
     `network` faults carried out on its cluster); `alerts_error`: why Prometheus did not
-    answer when last asked, if it did not."""
+    answer when last asked, if it did not; `durable`: what the run wrote to the durable
+    store (None: it writes none)."""
     ex = sc.expect
     rows = fault_rows(result, events, faults) + network_rows(result, list(network), len(faults))
     checks: list[Check] = []
@@ -274,6 +277,7 @@ def judge(
                 f"copies to restore): redone {sum(x['steps_redone'] for x in scratch)} steps",
             )
         )
+    checks.append(Check(fencing.CHECK, *fencing.check(durable, events)))
     if ex.memory_flat:
         checks.append(_memory_flat(events))
     if ex.alerts:

@@ -118,7 +118,8 @@ def test_a_partitioned_nodes_ranks_are_replaced_and_the_healed_node_is_not_rejoi
 ):
     verdict, result, events = _run("partition", netns, cache, tmp_path)
     assert verdict.passed, _failed(verdict)
-    [row] = verdict.faults
+    outage, row = verdict.faults
+    assert outage.kind == "storage_unavailable" and outage.outcome == "injected"
     assert row.outcome == "injected" and row.target.endswith("(rank 1)")
     # Its node's ranks: found silent, replaced on the others from the copies in memory.
     assert row.failures >= 1 and {f["kind"] for f in result["failures"]} == {"node_lost"}
@@ -126,11 +127,19 @@ def test_a_partitioned_nodes_ranks_are_replaced_and_the_healed_node_is_not_rejoi
     assert "agent silent" in lost["reason"]
     assert row.restored_step is not None and row.tiers.get("memory")
     # It healed while the next generation trained; nothing put a rank back there.
-    healed = json.loads((tmp_path / "partition" / "verdict.json").read_text())["faults"][0]
+    healed = json.loads((tmp_path / "partition" / "verdict.json").read_text())["faults"][1]
     assert healed["noticed"].startswith("1 window(s)")
     assert result["generations"] == 2
     placed = [r["node"] for e in _of(events, "replaced") for r in e["ranks"].values()]
     assert placed and lost["node"] not in placed
+    # The write of step 40, retrying against the failed storage when the cut came, was
+    # generation 1's: the recovery dropped it, and the store holds only steps committed by
+    # the generation running then (the verdict read it).
+    [dropped] = _of(events, "persist_fenced")
+    assert dropped["generation"] == 1 and dropped["path"] == "durable"
+    [fenced] = [c for c in verdict.checks if c.name == "no write from a fenced generation"]
+    assert fenced.ok and "(1, 2)" in fenced.detail and "durable (1 event)" in fenced.detail
+    assert result["persist"]["persisted"], result["persist"]
 
 
 def test_a_job_rides_out_loss_a_short_cut_and_a_flapping_link(netns, cache, tmp_path):
