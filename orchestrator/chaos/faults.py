@@ -33,6 +33,14 @@ class InjectRefused(ValueError):
 
 
 NODE_FAULTS = ("kill_node", "gpu_xid")  # faults that hit the node hosting the rank
+# Faults that stop no rank: a failure of their rank after them is another fault's, or none.
+FAIL_NO_RANK = (
+    "storage_unavailable",
+    "drop_replicas",
+    "corrupt_shard",
+    "fill_shm",
+    "kill_supervisor",
+)
 
 
 class FaultBook:
@@ -281,6 +289,8 @@ class FaultBook:
         node's second rank may be seen dead after the decision on its first)."""
         with self._lock:
             for rec in self.records:
+                if rec["kind"] in FAIL_NO_RANK:
+                    continue
                 if rec["rank"] == f.rank or _on_node(rec, f):
                     return rec
             return next((rec for rec in self.spent if _on_node(rec, f)), None)
