@@ -331,7 +331,7 @@ def _format_error(err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
     # Discriminated unions add the tag to the path; users never wrote it.
     loc = re.sub(
-        r"(faults\.\d+)\.(kill_worker|kill_node|hang|slow|gpu_xid|drop_replicas|"
+        r"(faults\.\d+)\.(kill_worker|kill_node|kill_raylet|hang|slow|gpu_xid|drop_replicas|"
         r"storage_unavailable|kill_supervisor|corrupt_shard|fill_shm|nan_loss)\b",
         r"\1",
         loc,

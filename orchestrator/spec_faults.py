@@ -12,7 +12,8 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-PEER_FAULTS = ("kill_node", "drop_replicas", "gpu_xid")  # faults that may name peer_of_rank
+# Faults that may name peer_of_rank.
+PEER_FAULTS = ("kill_node", "kill_raylet", "drop_replicas", "gpu_xid")
 COLLECTIVE_FAULTS = ("kill_worker", "kill_node", "hang")  # faults that may fire in_collective
 
 
@@ -82,6 +83,14 @@ class KillNode(_FaultBase):
     """Kill every Ray process of the node hosting ``rank``: its raylet and all its workers."""
 
     kind: Literal["kill_node"]
+
+
+class KillRaylet(_FaultBase):
+    """SIGKILL the raylet of the node hosting ``rank``, and nothing else, as when a raylet
+    crashes: its workers and the job's node agent there lose their raylet and Ray takes
+    them down. Only on a cluster the command itself started."""
+
+    kind: Literal["kill_raylet"]
 
 
 class Hang(_FaultBase):
@@ -158,6 +167,7 @@ class KillSupervisor(_FaultBase):
 Fault = Annotated[
     KillWorker
     | KillNode
+    | KillRaylet
     | Hang
     | Slow
     | GpuXid

@@ -15,19 +15,18 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
-
 from stalwart.ckpt.dcp_format import shard_signature
-from stalwart.ckpt.durable import DurableStore, open_store
 from stalwart.ckpt.footprint import LEAN_VERSIONS, NEWEST_KEPT, VERSIONS, free_bytes, mem_available
 from stalwart.ckpt.ring import RingReader
 from stalwart.ckpt.snapshot import Snapshot, TensorMeta, payload_checksum
 from stalwart.ckpt.store import ShardInfo, ShmShardStore
 from stalwart.orchestrator.agent.channel import KEY_BYTES, ChannelServer, StaleCopy
 from stalwart.orchestrator.agent.copy_gate import CopyGate
+from stalwart.orchestrator.agent.durable_writes import DurableWrites
 from stalwart.orchestrator.agent.fence import Fence, Refusals
 from stalwart.orchestrator.agent.gpu_watch import GpuWatch
 from stalwart.orchestrator.agent.own_store import OwnStore
+from stalwart.orchestrator.agent.raylet_watch import RayletWatch
 from stalwart.orchestrator.agent.replication import ReplicaStore, Replicator
 from stalwart.orchestrator.agent.rings import RingHub
 from stalwart.orchestrator.chaos import actions as chaos_actions
@@ -103,7 +102,7 @@ class NodeAgent:
         self._prune_lock = threading.Lock()
         self._prune_seq: tuple[int, int] = (-1, -1)  # (supervisor incarnation, number)
         self._corrupt_next: dict[int, int] = {}  # chaos corrupt_shard: rank -> hand-overs
-        self._durable: dict[tuple[str, str], DurableStore] = {}
+        self.writes = DurableWrites(node_id, self._held)  # this node's writes to storage
         self._sigs: dict[int, str | None] = {}  # rank -> its shards' signature (ReplicaPlan)
         self._lock = threading.Lock()
         self._beats: dict[int, dict[str, Any]] = {}
@@ -112,12 +111,24 @@ class NodeAgent:
         self._stop = threading.Event()
         self.gpu = GpuWatch(gpu_probe, node_id, gpu_interval_s)
         self._contact = time.monotonic()  # the supervisor's last report request
+        self.raylet_watch = RayletWatch(self._raylet_gone).start()
         if lease_s is not None:
             # The agent outlives its supervisor (it is detached: a restarted supervisor
             # takes the job back from this memory), but not for long without one.
             threading.Thread(
                 target=self._lease_loop, args=(lease_s,), daemon=True, name="stalwart-lease"
             ).start()
+
+    def _raylet_gone(self) -> None:
+        """This node's raylet died alone: its processes are Ray's to take down once the
+        GCS declares the node dead (seconds of health checks). The job's ranks here and
+        this agent go now, so the supervisor sees the node lost at once."""
+        print(
+            f"stalwart: node {self.node_id}: its raylet died; stopping this job's processes here",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.kill_job_here(-1)
 
     def _lease_loop(self, lease_s: float) -> None:
         """Exit, freeing this node's shards, once no supervisor asked for a report for
@@ -249,6 +260,17 @@ class NodeAgent:
         for store in (self.store, self.replicas):
             store.discard(rank, step)
 
+    def _held(self, rank: int, step: int) -> Snapshot:
+        """`rank`'s shard of `step` from this node's memory, or why it is not here."""
+        snap = self.get_shard(rank, step)
+        if snap is None:
+            raise RuntimeError(
+                f"node {self.node_id[:12]} no longer holds rank {rank}'s shard of step "
+                f"{step} (it holds steps {self.store.stored().get(rank, [])} of its own "
+                f"and {self.replicas.stored().get(rank, [])} as copies)"
+            )
+        return snap
+
     def get_shard(self, rank: int, step: int) -> Snapshot | None:
         """`rank`'s shard of `step` from this node's memory: its own store, else a copy."""
         own = self.store.get(rank, step)
@@ -348,12 +370,6 @@ class NodeAgent:
 
     # --- durable tier -----------------------------------------------------------------------
 
-    def _durable_store(self, target: dict[str, Any]) -> DurableStore:
-        key = (target["uri"], target["job"])
-        if key not in self._durable:
-            self._durable[key] = open_store(target)
-        return self._durable[key]
-
     def persist(
         self,
         target: dict[str, Any],
@@ -362,29 +378,13 @@ class NodeAgent:
         fault: dict | None = None,
         generation: int | None = None,
     ) -> list[dict]:
-        """Write `ranks`' shards of `step` from this node's memory to the durable target
-        (blocking this call's thread only; retries with backoff inside), each as a rank's
-        file of a DCP checkpoint (ckpt/dcp_format.py) named for `generation`, the one that
-        asked: a write still going when a recovery fences that generation off lands beside
-        the next one's files, never over them, and no manifest lists it. Returns what the
-        manifest needs of them; raises DurableError when the target keeps failing.
-        `fault`: chaos `during: persist`, a kill_node carried out after the first shard."""
-        store = self._durable_store(target)
-        records = []
-        for rank in ranks:
-            if fault is not None and records:
-                self._die_for(fault)
-            snap = self.get_shard(rank, step)
-            if snap is None:
-                raise RuntimeError(
-                    f"node {self.node_id[:12]} no longer holds rank {rank}'s shard of step "
-                    f"{step} (it holds steps {self.store.stored().get(rank, [])} of its own "
-                    f"and {self.replicas.stored().get(rank, [])} as copies)"
-                )
-            records.append(store.write_rank(step, rank, _private_copy(snap, rank), generation))
-        if fault is not None:
-            self._die_for(fault)  # this node wrote one shard only: the first one
-        return records
+        """Write `ranks`' shards of `step` from this node's memory to the durable target,
+        each as a rank's file of a DCP checkpoint named for `generation`, the one that
+        asked (agent/durable_writes.py). Returns what the manifest needs of them; raises
+        DurableError when the target keeps failing. `fault`: chaos `during: persist`, a
+        kill_node carried out after the first shard."""
+        die = None if fault is None else lambda: self._die_for(fault)
+        return self.writes.write(target, step, ranks, generation, die)
 
     def _die_for(self, fault: dict[str, Any]) -> None:
         """Carry out a kill_node on this node, from this agent: the raylet and all under it
@@ -396,7 +396,7 @@ class NodeAgent:
 
     def storage_outage(self, target: dict[str, Any], seconds: float) -> None:
         """Chaos storage_unavailable: this node's writes to `target` fail for `seconds`."""
-        self._durable_store(target).fail_for(seconds)
+        self.writes.store(target).fail_for(seconds)
 
     def note_fault(self, index: int) -> None:
         """A chaos fault (by its index in the spec) is being carried out."""
@@ -440,6 +440,7 @@ class NodeAgent:
     def close(self) -> None:
         """Free the node's shards (their shared-memory files) before the agent goes away."""
         self._stop.set()
+        self.raylet_watch.close()
         self.replicator.close()
         self.channel.close()
         if self.rings is not None:
@@ -578,21 +579,6 @@ def _py_spy() -> str:
     """py-spy from this interpreter's environment (Ray installs it), else from PATH."""
     here = os.path.join(os.path.dirname(sys.executable), "py-spy")
     return here if os.path.exists(here) else "py-spy"
-
-
-def _private_copy(snap: Snapshot, rank: int) -> Snapshot:
-    """`snap` with a payload of its own: a shard in a ring slot or a pooled buffer is a view
-    of memory the store reuses once it drops the step, and a durable write outlasts the
-    hold on it (a rank wrote step k+6 into the slot of step k mid-write: found by
-    tests/component/test_fsdp_dcp.py). The copy is checked against the checksum taken at
-    the hand-over, so a copy the reuse overtook is refused, not written."""
-    own = Snapshot(snap.step, snap.skeleton, snap.metas, np.array(snap.payload), snap.checksum)
-    if not own.intact():
-        raise RuntimeError(
-            f"rank {rank}'s shard of step {snap.step} changed while it was copied to be "
-            "persisted (its memory was reused): the step is not written"
-        )
-    return own
 
 
 def _import_torch() -> None:

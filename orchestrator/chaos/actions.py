@@ -2,9 +2,10 @@
 
 The job spec's ``chaos.faults`` name a rank and a step; the worker holding that rank calls
 ``carry_out`` from its training thread. Process-level faults (kill_worker, hang) act on the
-worker; node-level faults (kill_node, gpu_xid) act on the node hosting it. A kill_node kills
-the raylet and everything under it only on a cluster the command itself started (scope
-"raylet"); elsewhere it kills the job's own processes on that node (scope "job").
+worker; node-level faults (kill_node, kill_raylet, gpu_xid) act on the node hosting it. A
+kill_node kills the raylet and everything under it only on a cluster the command itself
+started (scope "raylet"); elsewhere it kills the job's own processes on that node (scope
+"job"). A kill_raylet kills the raylet alone, and only on a cluster the command started.
 """
 
 from __future__ import annotations
@@ -68,6 +69,14 @@ def kill_node() -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     os.kill(me, signal.SIGKILL)
+
+
+def kill_raylet() -> None:
+    """Kill this node's raylet alone; this rank then stops where it is (as a process whose
+    raylet is gone makes no progress) until Ray takes it down with its raylet. Never
+    returns."""
+    os.kill(raylet_of_this_worker(), signal.SIGKILL)
+    hang_forever()
 
 
 def kill_if_sibling(pid: int) -> bool:
@@ -146,6 +155,8 @@ def carry_out(
         os.kill(os.getpid(), signal.SIGKILL)
     elif kind == "kill_node" and fault.get("scope") == "raylet":
         kill_node()
+    elif kind == "kill_raylet":
+        kill_raylet()
     elif kind == "kill_node" and kill_job_on_node is not None:
         # Not our cluster: the job's processes on this node, never its raylet.
         kill_job_on_node()

@@ -32,7 +32,7 @@ class InjectRefused(ValueError):
         self.retry = retry
 
 
-NODE_FAULTS = ("kill_node", "gpu_xid")  # faults that hit the node hosting the rank
+NODE_FAULTS = ("kill_node", "kill_raylet", "gpu_xid")  # they hit the node hosting the rank
 # Faults that stop no rank: a failure of their rank after them is another fault's, or none.
 FAIL_NO_RANK = (
     "storage_unavailable",
@@ -273,7 +273,12 @@ class FaultBook:
                     "fill_shm fills a node's shared memory, which the machine's other "
                     "tenants use too: only on a cluster the command itself started"
                 )
-            elif f.kind == "kill_node" and node_of(fault["rank"]) == home_node:
+            elif f.kind == "kill_raylet" and self.node_scope != "raylet":
+                why = (
+                    "kill_raylet kills a node's raylet, which the cluster's other jobs use "
+                    "too: only on a cluster the command itself started"
+                )
+            elif f.kind in ("kill_node", "kill_raylet") and node_of(fault["rank"]) == home_node:
                 why = "the node hosting this rank also hosts the job's supervisor"
             else:
                 out.append(fault)

@@ -219,6 +219,9 @@ def timeline(events: list[Mapping[str, Any]]) -> Timeline:
     return tl
 
 
+_NODE_KILLS = ("kill_node", "kill_raylet")  # faults whose failures are their node's
+
+
 def _match_fault(faults: list[dict[str, Any]], failure: Mapping[str, Any]) -> dict | None:
     """The newest open injected fault behind `failure`: same rank, or a node fault on its
     node."""
@@ -226,7 +229,7 @@ def _match_fault(faults: list[dict[str, Any]], failure: Mapping[str, Any]) -> di
         if fault["rank"] == failure.get("rank"):
             return fault
     for fault in reversed(faults):
-        if fault["kind"] == "kill_node" and fault["node"] and fault["node"] == failure.get("node"):
+        if fault["kind"] in _NODE_KILLS and fault["node"] and fault["node"] == failure.get("node"):
             return fault
     return None
 

@@ -519,7 +519,7 @@ class TrainContext:
                 if fault.get("in_collective"):
                     self._arm(fault, step)
                     continue
-                # The worker carries it out; kill_worker, kill_node and hang never return.
+                # The worker carries it out; the kills and hang never return.
                 self._on_fault({**fault, "at": time.time(), "step": step})
 
     def _arm(self, fault: dict[str, Any], step: int) -> None:
