@@ -26,6 +26,7 @@ from stalwart.orchestrator.spec import JobSpec
 from stalwart.orchestrator.supervisor.monitor import HealthMonitor
 from stalwart.orchestrator.supervisor.poller import ReportPoller
 from stalwart.orchestrator.supervisor.pool import NODE_PING_TIMEOUT_S, ActorGone, WorkerPool
+from stalwart.orchestrator.supervisor.ray_nodes import RayNodeTable
 
 if TYPE_CHECKING:
     from stalwart.orchestrator.supervisor.checkpoints import Checkpoints
@@ -59,7 +60,7 @@ class Detection:
         self.reached = 0
         self.flags: list[dict[str, Any]] = []  # every straggler flag, for the result
         self._straggling: set[int] = set()
-        self._last_ray_check = 0.0
+        self.ray_nodes = RayNodeTable(RAY_NODES_CHECK_S)  # read off the control loop
         self._isolated = False  # every node silent at once, told once per spell
         self._hang_told: HangTimeouts | None = None  # the timeouts the last event gave
 
@@ -72,9 +73,8 @@ class Detection:
         their readings show."""
         pool = self.pool
         reports = self.poller.poll(list(pool.agents), wait_s)
-        if time.time() - self._last_ray_check >= RAY_NODES_CHECK_S:
-            self._last_ray_check = time.time()
-            self.monitor.ray_states({n["NodeID"]: bool(n["Alive"]) for n in ray.nodes()})
+        if (alive := self.ray_nodes.take()) is not None:
+            self.monitor.ray_states(alive)
         failures: list[WorkerFailure] = []
         with self._lock:
             for rep in reports:
