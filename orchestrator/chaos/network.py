@@ -151,6 +151,15 @@ class JobWatch:
                 with contextlib.suppress(ValueError):
                     self._take(json.loads(line))
 
+    def due(self, at_step: int | None, after_seconds: float | None) -> bool:
+        """Whether a fault to fire at `at_step` (else `after_seconds` after the job started
+        training) is due, as far as the events read so far say."""
+        if at_step is not None:
+            return self.step >= at_step
+        return self.running_since is not None and time.time() >= self.running_since + (
+            after_seconds or 0.0
+        )
+
     def _take(self, e: dict[str, Any]) -> None:
         kind = e.get("type")
         if kind == "state" and e.get("new") == "RUNNING" and self.running_since is None:
@@ -186,12 +195,6 @@ class NetworkInjector:
         for t in self._threads:
             t.start()
 
-    def _due(self, f: NetFault) -> bool:
-        w = self.watch
-        if f.at_step is not None:
-            return w.step >= f.at_step
-        return w.running_since is not None and time.time() >= w.running_since + f.after_seconds
-
     def _targets(self, f: NetFault) -> list[NetNode]:
         if f.node is not None or f.nodes is not None:
             numbers = [f.node] if f.node is not None else f.nodes
@@ -219,7 +222,7 @@ class NetworkInjector:
         while not self._done.is_set():
             with self._lock:
                 self.watch.poll()
-                due = self._due(f)
+                due = self.watch.due(f.at_step, f.after_seconds)
             if due:
                 break
             self._done.wait(0.2)

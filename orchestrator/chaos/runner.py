@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stalwart.orchestrator.chaos import fencing
+from stalwart.orchestrator.chaos import fencing, ray_faults
 from stalwart.orchestrator.chaos.network import NetworkInjector
+from stalwart.orchestrator.chaos.ray_faults import RayFaultInjector
 from stalwart.orchestrator.chaos.render import junit
 from stalwart.orchestrator.chaos.scenario import Scenario, TimedFault, job_specs
 from stalwart.orchestrator.chaos.verdict import Verdict, judge
@@ -136,16 +137,18 @@ def small_shm(nbytes: int | None, where: Path) -> Iterator[str | None]:
 @contextlib.contextmanager
 def scenario_cluster(
     sc: Scenario, opts: ChaosOptions
-) -> Iterator[tuple[str | None, bool, NetnsCluster | None]]:
-    """(address, owned, netns): the cluster both runs use, and its network-namespace
-    handle when its nodes have networks of their own. A local multi-node Ray the command
-    starts here is stopped on the way out (its loopback ports, or its namespaces, only)."""
+) -> Iterator[tuple[str | None, bool, NetnsCluster | None, Any]]:
+    """(address, owned, netns, local): the cluster both runs use, its network-namespace
+    handle when its nodes have networks of their own, and the local cluster's handle
+    (ray.cluster_utils' Cluster) when the command started one on loopback. A local
+    multi-node Ray the command starts here is stopped on the way out (its loopback ports,
+    or its namespaces, only)."""
     if opts.address is not None:
         with environ(opts.netns.env if opts.netns else {}):
-            yield opts.address, opts.owns_cluster, opts.netns
+            yield opts.address, opts.owns_cluster, opts.netns, None
         return
     if sc.cluster.worker_nodes == 0:
-        yield None, True, None  # each run's embedded Ray
+        yield None, True, None, None  # each run's embedded Ray
         return
     if sc.cluster.network == "netns":
         from stalwart.orchestrator.chaos.netns import NetnsCluster
@@ -155,29 +158,45 @@ def scenario_cluster(
             environ(netns.env),
         ):
             try:
-                yield netns.address, True, netns
+                yield netns.address, True, netns, None
             finally:
                 import ray
 
                 ray.shutdown()
         return
+    with local_cluster(sc) as cluster:
+        yield cluster.address, True, None, cluster
+
+
+@contextlib.contextmanager
+def local_cluster(sc: Scenario) -> Iterator[Any]:
+    """A local multi-node Ray on loopback (ray.cluster_utils' Cluster: a CPU-less head and
+    the scenario's worker nodes), its GCS's tables in a Redis with `cluster.gcs_ft`
+    (orchestrator/chaos/ray_faults.py); stopped on the way out."""
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(
-        initialize_head=True,
-        connect=False,
-        head_node_args={"num_cpus": 0, "include_dashboard": False},
-    )
-    try:
-        for _ in range(sc.cluster.worker_nodes):
-            cluster.add_node(num_cpus=sc.cluster.cpus_per_node)
-        cluster.wait_for_nodes()
-        yield cluster.address, True, None
-    finally:
-        import ray
+    with contextlib.ExitStack() as stack:
+        if sc.cluster.gcs_ft:
+            address = stack.enter_context(ray_faults.redis_store())
+            ns = f"stalwart-chaos-{sc.name}-{os.getpid()}"
+            stack.enter_context(
+                environ({"RAY_REDIS_ADDRESS": address, "RAY_external_storage_namespace": ns})
+            )
+        cluster = Cluster(
+            initialize_head=True,
+            connect=False,
+            head_node_args={"num_cpus": 0, "include_dashboard": False},
+        )
+        try:
+            for _ in range(sc.cluster.worker_nodes):
+                cluster.add_node(num_cpus=sc.cluster.cpus_per_node)
+            cluster.wait_for_nodes()
+            yield cluster
+        finally:
+            import ray
 
-        ray.shutdown()
-        cluster.shutdown()
+            ray.shutdown()
+            cluster.shutdown()
 
 
 @contextlib.contextmanager
@@ -375,7 +394,7 @@ def run_scenario(
         )
     with (
         small_shm(sc.cluster.shm_bytes, opts.output) as shm_dir,
-        scenario_cluster(sc, opts) as (address, owned, netns),
+        scenario_cluster(sc, opts) as (address, owned, netns, local),
     ):
         net_faults = sc.network_faults(faulty.max_workers)
         if net_faults and netns is None:
@@ -383,6 +402,17 @@ def run_scenario(
                 f"{', '.join(sorted({f.kind for f in net_faults}))} faults are carried out on "
                 "a cluster whose nodes have networks of their own, that this command starts "
                 "(cluster: {network: netns}): not on the cluster at --address"
+            )
+        ray_fs = sc.ray_faults()
+        if ray_fs and local is None:
+            raise ChaosRefused(
+                "restart_gcs is carried out on the local cluster this command starts "
+                "(cluster: {worker_nodes: N}): not on the cluster at --address"
+            )
+        if ray_fs and not sc.cluster.gcs_ft:
+            raise ChaosRefused(
+                "restart_gcs without cluster.gcs_ft is not built yet: the restarted GCS is "
+                "another cluster, and this command's own connection to it would be lost"
             )
         if shm_dir is not None:
             clean, faulty = (_with_shm(spec, shm_dir) for spec in (clean, faulty))
@@ -392,8 +422,9 @@ def run_scenario(
             RunOptions(address=address, owns_cluster=owned, allow_remote_chaos=opts.allow_remote),
         )
         digest = baseline_digest(clean, address, owned, opts, say)
-        on_net = f" and {len(net_faults)} of the network" if net_faults else ""
-        say(f"chaos run: {faulty.name}, {len(faulty.chaos.faults)} fault(s){on_net}")
+        outside = f" and {len(net_faults)} of the network" if net_faults else ""
+        outside += f" and {len(ray_fs)} of Ray" if ray_fs else ""
+        say(f"chaos run: {faulty.name}, {len(faulty.chaos.faults)} fault(s){outside}")
         watch = (
             AlertWatch(opts.prometheus_url, faulty.name, time.time())
             if opts.prometheus_url
@@ -403,6 +434,7 @@ def run_scenario(
         timed = sc.resolved(faulty.max_workers)[1]
         injector = TimedInjector(timed, faulty.name, events_path, opts.allow_remote)
         cutter = NetworkInjector(net_faults, netns, events_path) if net_faults else None
+        restarter = RayFaultInjector(ray_fs, local, events_path) if ray_fs else None
         try:
             result = _run(
                 faulty, opts.output / "chaos", address, owned, opts, on_progress=on_progress
@@ -410,6 +442,7 @@ def run_scenario(
         finally:
             injected = injector.finish()
             network = cutter.finish() if cutter else []
+            network += restarter.finish() if restarter else []
         alerts = watch.finish(sc.expect.alerts, sc.expect.alerts_within_s) if watch else None
         alerts_error = watch.error if watch else None
     events = [json.loads(line) for line in events_path.read_text().splitlines() if line]

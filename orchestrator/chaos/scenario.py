@@ -20,8 +20,10 @@ what must hold afterwards.
 A fault is a job spec fault (orchestrator/spec.py: its kind's fields, validated there) whose
 `rank` may be `random` (drawn with the scenario's seed), or a fault of the network
 (partition, loss, delay, flap: orchestrator/chaos/network.py), which `stalwart chaos run`
-carries out from outside the job on a cluster with `network: netns`. The job spec's own faults are
-replaced by the scenario's; the baseline runs the same spec with none.
+carries out from outside the job on a cluster with `network: netns`, or of Ray itself
+(restart_gcs: orchestrator/chaos/ray_faults.py), carried out on the local cluster it starts.
+The job spec's own faults are replaced by the scenario's; the baseline runs the same spec
+with none.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
-from stalwart.orchestrator.chaos import network
+from stalwart.orchestrator.chaos import network, ray_faults
 from stalwart.orchestrator.spec import (
     JobSpec,
     SpecError,
@@ -65,6 +67,12 @@ class Cluster(_Model):
         "the head by a bridge (orchestrator/chaos/netns.py; root, iproute2 and nftables), "
         "for the network faults (partition, loss, delay, flap); loopback: the nodes share "
         "this machine's network",
+    )
+    gcs_ft: bool = Field(
+        False,
+        description="keep the head's GCS tables in a Redis the command starts on loopback "
+        "(Debian's redis-server), as the Helm chart's gcsFaultTolerance does: a restarted "
+        "GCS (the restart_gcs fault) comes back with the cluster's state",
     )
     shm_bytes: StrictInt | None = Field(
         None,
@@ -130,6 +138,23 @@ class Scenario(_Model):
     source: Path | None = Field(None, exclude=True)  # the file it was read from
 
     @model_validator(mode="after")
+    def _ray_faults_need_their_cluster(self) -> Scenario:
+        for i, f in enumerate(self.faults):
+            if not ray_faults.is_ray_fault(f):
+                continue
+            try:
+                ray_faults.parse(f)
+            except ValidationError as e:
+                errors = [_format_error(err) for err in e.errors()]
+                raise ValueError(f"faults.{i}: " + "; ".join(errors)) from None
+            if self.cluster.network != "loopback" or self.cluster.worker_nodes < 1:
+                raise ValueError(
+                    f"faults.{i}: a {f['kind']} fault needs the local cluster the command "
+                    "starts: cluster: {worker_nodes: N} (network: loopback)"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _network_faults_need_their_cluster(self) -> Scenario:
         for i, f in enumerate(self.faults):
             if not network.is_network(f):
@@ -168,6 +193,10 @@ class Scenario(_Model):
                 out.append(network.parse(f))
         return out
 
+    def ray_faults(self) -> list[ray_faults.RestartGcs]:
+        """The scenario's faults of Ray itself (orchestrator/chaos/ray_faults.py)."""
+        return [ray_faults.parse(f) for f in self.faults if ray_faults.is_ray_fault(f)]
+
     def resolved_faults(self, workers: int) -> list[dict[str, Any]]:
         """The faults fired at a step, as job spec faults: `rank: random` drawn and
         `probability` decided (seeded)."""
@@ -182,8 +211,8 @@ class Scenario(_Model):
         rng = random.Random(self.seed)
         steps, timed = [], []
         for f in self.faults:
-            if network.is_network(f):
-                continue  # carried out from outside the job: network_faults()
+            if network.is_network(f) or ray_faults.is_ray_fault(f):
+                continue  # carried out from outside the job: network_faults(), ray_faults()
             f = dict(f)
             chance = f.pop("probability", 1.0)
             after, every = f.pop("after_seconds", None), f.pop("every_seconds", None)

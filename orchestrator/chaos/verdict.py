@@ -135,7 +135,7 @@ def network_rows(
             mine = [
                 x
                 for x in result.get("failures", [])
-                if x.get("node") in a.get("node_ids", ()) and a["at"] <= x["detected_at"] <= until
+                if _hit(a, x.get("node")) and a["at"] <= x["detected_at"] <= until
             ]
             row.failures = len(mine)
             if mine:
@@ -153,6 +153,13 @@ def network_rows(
             row.noticed = f"{len(a.get('windows', []))} window(s), {held:.1f} s in all"
         rows.append(row)
     return rows
+
+
+def _hit(applied: dict[str, Any], node: str | None) -> bool:
+    """Whether an outside fault hit `node`: one of those it names, or any (node_ids None:
+    a fault of the cluster's head, such as restart_gcs)."""
+    ids = applied.get("node_ids", ())
+    return ids is None or node in ids
 
 
 def _worst(values) -> Any:

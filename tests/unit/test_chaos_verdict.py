@@ -49,7 +49,8 @@ def test_every_example_scenario_loads_and_builds_its_jobs():
         assert clean.chaos.faults == []
         steps, timed = sc.resolved(faulty.max_workers)
         assert len(faulty.chaos.faults) == len(steps)
-        assert len(steps) + len(timed) + len(sc.network_faults(faulty.max_workers)) >= 1
+        outside = len(sc.network_faults(faulty.max_workers)) + len(sc.ray_faults())
+        assert len(steps) + len(timed) + outside >= 1
         assert clean.name.endswith("-baseline") and faulty.name.endswith("-chaos")
         # Both are the same job but for the faults.
         a = clean.model_dump(exclude={"name", "chaos"})
