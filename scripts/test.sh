@@ -3,12 +3,15 @@
 # suite. Used verbatim by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Debian's: prometheus (promtool), and for the network-namespace cluster of the network
-# faults (orchestrator/chaos/netns.py) iproute2 (ip) and nftables (nft).
-if ! command -v promtool >/dev/null || ! command -v nft >/dev/null || ! command -v ip >/dev/null; then
+# Debian's: prometheus (promtool); for the network-namespace cluster of the network faults
+# (orchestrator/chaos/netns.py) iproute2 (ip) and nftables (nft); redis-server for the GCS
+# fault tolerance of the restart_gcs scenarios (orchestrator/chaos/ray_faults.py).
+if ! command -v promtool >/dev/null || ! command -v nft >/dev/null || ! command -v ip >/dev/null \
+  || ! command -v redis-server >/dev/null; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq prometheus iproute2 nftables >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq prometheus iproute2 nftables \
+    redis-server >/dev/null
 fi
 EXTRAS='[test,report,grafana]' . scripts/venv.sh
 ruff check .

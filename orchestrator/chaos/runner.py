@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stalwart.orchestrator.chaos import fencing, ray_faults
+from stalwart.ckpt.durable import DurableStore
+from stalwart.orchestrator.chaos import cluster_loss, fencing, ray_faults
 from stalwart.orchestrator.chaos.network import NetworkInjector
 from stalwart.orchestrator.chaos.ray_faults import RayFaultInjector
 from stalwart.orchestrator.chaos.render import junit
@@ -199,6 +200,54 @@ def local_cluster(sc: Scenario) -> Iterator[Any]:
             cluster.shutdown()
 
 
+def _run_through_cluster_loss(
+    sc: Scenario, clean: JobSpec, faulty: JobSpec, opts: ChaosOptions, say: Callable[[str], None]
+) -> Verdict:
+    """A restart_gcs without GCS fault tolerance (orchestrator/chaos/cluster_loss.py): the
+    chaos run in a process of its own on a cluster the restart takes down, then the job
+    again on a new cluster, resuming from the newest durable step; that run's verdict."""
+    out, ray_fs = opts.output, sc.ray_faults()
+    lost_dir = out / "chaos"
+    persist = faulty.checkpoint.persist
+    if persist.uri:
+        # The chaos run's own job (NAME-chaos): what an earlier run of the scenario left
+        # there would be the newest step to resume from, not this run's.
+        store = DurableStore(persist.uri, faulty.name)
+        with contextlib.suppress(FileNotFoundError):
+            store.fs.rm(store.root, recursive=True)
+    with local_cluster(sc) as first:
+        digest = baseline_digest(clean, first.address, True, opts, say)
+        import ray
+
+        ray.shutdown()  # Ray aborts a process connected to a cluster whose GCS restarts
+        say(f"chaos run: {faulty.name}, {len(ray_fs)} fault(s) of Ray, in a process of its own")
+        restarter = RayFaultInjector(ray_fs, first, lost_dir / "events.jsonl")
+        try:
+            spec_json = faulty.model_dump_json()
+            rc = cluster_loss.run_lost(spec_json, lost_dir, first.address, opts.base_dir, 3600)
+        finally:
+            applied = restarter.finish()
+    say(
+        f"the cluster is lost (the run's driver ended with status {rc}): the job again on a "
+        "new cluster, resuming from storage"
+    )
+    with local_cluster(sc) as second:
+        result = _run(faulty, out / "resumed", second.address, True, opts, resume="auto")
+    lost = cluster_loss.events_of(lost_dir / "events.jsonl")
+    events = cluster_loss.events_of(out / "resumed" / "events.jsonl")
+    durable = (
+        fencing.audit(persist.uri, faulty.name, (result.get("persist") or {}).get("run"))
+        if persist.uri
+        else None
+    )
+    verdict = judge(sc, [], result, events, digest, None, None, applied, durable)
+    verdict.checks.append(cluster_loss.resumed_check(lost, events))
+    verdict.passed = all(c.ok for c in verdict.checks)
+    (out / "verdict.json").write_text(json.dumps(verdict.to_dict(), indent=2) + "\n")
+    (out / "junit.xml").write_text(junit([verdict]))
+    return verdict
+
+
 @contextlib.contextmanager
 def environ(env: dict[str, str]) -> Iterator[None]:
     """`env` in this process's environment (the drivers' Ray reads it), then as it was."""
@@ -319,12 +368,20 @@ class TimedInjector:
         return self.answers + [(t, {"error": JOB_ENDED}) for t in self.timed if id(t) not in done]
 
 
-def _run(spec: JobSpec, out: Path, address: str | None, owned: bool, opts: ChaosOptions, **kw):
+def _run(
+    spec: JobSpec,
+    out: Path,
+    address: str | None,
+    owned: bool,
+    opts: ChaosOptions,
+    resume: str = "never",
+    **kw,
+):
     ropts = RunOptions(
         address=address,
         output=out,
         base_dir=opts.base_dir,
-        resume="never",
+        resume=resume,
         owns_cluster=owned,
         allow_remote_chaos=opts.allow_remote,
     )
@@ -387,6 +444,8 @@ def run_scenario(
     written to OUTPUT/verdict.json and OUTPUT/junit.xml)."""
     clean, faulty = job_specs(sc)
     opts.output.mkdir(parents=True, exist_ok=True)
+    if sc.ray_faults() and not sc.cluster.gcs_ft and opts.address is None:
+        return _run_through_cluster_loss(sc, clean, faulty, opts, say)
     if sc.cluster.shm_bytes is not None and opts.address is not None and not opts.owns_cluster:
         raise ChaosRefused(
             "cluster.shm_bytes mounts a file system on this machine for the job's nodes: "
@@ -408,11 +467,6 @@ def run_scenario(
             raise ChaosRefused(
                 "restart_gcs is carried out on the local cluster this command starts "
                 "(cluster: {worker_nodes: N}): not on the cluster at --address"
-            )
-        if ray_fs and not sc.cluster.gcs_ft:
-            raise ChaosRefused(
-                "restart_gcs without cluster.gcs_ft is not built yet: the restarted GCS is "
-                "another cluster, and this command's own connection to it would be lost"
             )
         if shm_dir is not None:
             clean, faulty = (_with_shm(spec, shm_dir) for spec in (clean, faulty))

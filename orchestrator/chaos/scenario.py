@@ -152,6 +152,11 @@ class Scenario(_Model):
                     f"faults.{i}: a {f['kind']} fault needs the local cluster the command "
                     "starts: cluster: {worker_nodes: N} (network: loopback)"
                 )
+            if not self.cluster.gcs_ft and len(self.faults) > 1:
+                raise ValueError(
+                    f"faults.{i}: without cluster.gcs_ft a {f['kind']} loses the whole "
+                    "cluster (the job resumes on a new one): it is the scenario's only fault"
+                )
         return self
 
     @model_validator(mode="after")

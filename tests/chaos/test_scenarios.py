@@ -37,7 +37,9 @@ EXAMPLES = REPO / "examples" / "chaos"
 ALL = sorted(p.stem for p in EXAMPLES.glob("*.yaml") if p.name != "job.yaml")
 # The faults of the network need nodes with networks of their own: test_network.py.
 NETWORK = sorted(n for n in ALL if load_scenario(EXAMPLES / f"{n}.yaml").cluster.network == "netns")
-SCENARIOS = [name for name in ALL if name != "kill-worker" and name not in NETWORK]
+# The faults of Ray itself need the local cluster the runner starts: test_ray_faults.py.
+RAY = sorted(n for n in ALL if load_scenario(EXAMPLES / f"{n}.yaml").ray_faults())
+SCENARIOS = [name for name in ALL if name != "kill-worker" and name not in NETWORK + RAY]
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +83,16 @@ def _hang(result, events, verdict):
     assert "hang_forever" in Path(stacks["files"]["2"]).read_text()
     waiting = Path(stacks["files"]["0"]).read_text()
     assert "Thread" in waiting and "hang_forever" not in waiting
+
+
+def _kill_raylet(result, events, verdict):
+    # The node's agent saw its raylet die (agent/raylet_watch.py) and stopped the job's
+    # processes there: the job found its ranks dead before Ray's health checks declared
+    # the node dead (12.3 s here without the watch).
+    [lost] = _of(events, "node_lost")
+    assert verdict.faults[0].rank in lost["ranks"] and result["lost_nodes"] == [lost["node"]]
+    assert all(f["injected"] for f in result["failures"]), result["failures"]
+    assert verdict.faults[0].detected_after_s < 10.0, verdict.faults[0]
 
 
 def _kill_node(result, events, verdict):
@@ -240,6 +252,7 @@ EXTRA = {
     "kill-worker": _kill_worker,
     "hang": _hang,
     "kill-node": _kill_node,
+    "kill-raylet": _kill_raylet,
     "gpu-xid": _gpu_xid,
     "kill-supervisor": _kill_supervisor,
     "corrupt-shard": _corrupt_shard,
@@ -270,8 +283,10 @@ def _failed(verdict) -> str:
 
 def test_every_example_scenario_is_run():
     from tests.chaos.test_network import RUN
+    from tests.chaos.test_ray_faults import RAY_RUN
 
-    assert set(SCENARIOS) | {"kill-worker"} | set(NETWORK) == set(ALL) and len(ALL) >= 12
+    assert set(SCENARIOS) | {"kill-worker"} | set(NETWORK) | set(RAY) == set(ALL)
+    assert len(ALL) >= 12 and set(RAY) == set(RAY_RUN)
     # Each network scenario runs there, alone or within one that holds its faults.
     assert set(NETWORK) == set(RUN) | {n for covered in RUN.values() for n in covered}
 

@@ -349,3 +349,40 @@ def test_timed_faults_are_drawn_with_the_seed(tmp_path):
     with pytest.raises(SpecError) as e:
         job_specs(load_scenario(_scenario(tmp_path, bad)))
     assert any("xid" in m for m in e.value.errors)
+
+
+def test_ray_faults_name_the_field_and_the_cluster_they_need(tmp_path):
+    def errors(body: str) -> list[str]:
+        with pytest.raises(SpecError) as e:
+            load_scenario(_scenario(tmp_path, "name: x\njob: {spec: job.yaml}\n" + body))
+        return e.value.errors
+
+    gcs = "{kind: restart_gcs, at_step: 5, down_s: 5}"
+    [msg] = errors(f"faults: [{gcs}]\n")  # the embedded Ray has no GCS to restart alone
+    assert msg.startswith("faults.0: a restart_gcs fault needs the local cluster")
+    [msg] = errors(f"cluster: {{worker_nodes: 2, network: netns}}\nfaults: [{gcs}]\n")
+    assert "network: loopback" in msg
+    [msg] = errors("cluster: {worker_nodes: 2}\nfaults: [{kind: restart_gcs, down_s: 0}]\n")
+    assert msg == "faults.0: down_s: must be > 0.0, got 0"
+    [msg] = errors("cluster: {worker_nodes: 2}\nfaults: [{kind: restart_gcs}]\n")
+    assert "name one of `at_step` or `after_seconds`" in msg
+    both = f"[{gcs}, {{kind: kill_worker, rank: 1, at_step: 3}}]"
+    [msg] = errors(f"cluster: {{worker_nodes: 2}}\nfaults: {both}\n")
+    assert "without cluster.gcs_ft a restart_gcs loses the whole cluster" in msg
+    # With GCS fault tolerance it may come with the job's own faults.
+    sc = load_scenario(
+        _scenario(
+            tmp_path,
+            f"name: x\njob: {{spec: job.yaml}}\ncluster: {{worker_nodes: 2, gcs_ft: true}}\n"
+            f"faults: {both}\n",
+        )
+    )
+    assert [f.kind for f in sc.ray_faults()] == ["restart_gcs"]
+    assert [f["kind"] for f in sc.resolved_faults(4)] == ["kill_worker"]
+    # Only on the local cluster the command starts: refused at --address, before anything
+    # runs (no baseline, no connection).
+    from stalwart.orchestrator.chaos.runner import ChaosOptions, run_scenario
+
+    with pytest.raises(ChaosRefused) as e:
+        run_scenario(sc, ChaosOptions(output=tmp_path / "out", address="127.0.0.1:1"))
+    assert "restart_gcs is carried out on the local cluster this command starts" in str(e.value)
