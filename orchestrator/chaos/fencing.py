@@ -111,7 +111,8 @@ def check(found: Audit | None, events: list[dict[str, Any]]) -> tuple[bool, str]
     stray = sum(len(w.unlisted) for w in found.steps) + sum(map(len, found.partial.values()))
     gens = sorted({w.generation for w in found.steps})
     detail = (
-        f"{len(found.steps)} steps on {found.where}, each committed by the generation "
+        f"{len(found.steps)} step{'' if len(found.steps) == 1 else 's'} on {found.where}, "
+        "each committed by the generation "
         f"running then ({', '.join(map(str, gens)) or 'none'}) and listing its files only"
     )
     if stray:

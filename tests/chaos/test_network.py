@@ -138,7 +138,7 @@ def test_a_partitioned_nodes_ranks_are_replaced_and_the_healed_node_is_not_rejoi
     [dropped] = _of(events, "persist_fenced")
     assert dropped["generation"] == 1 and dropped["path"] == "durable"
     [fenced] = [c for c in verdict.checks if c.name == "no write from a fenced generation"]
-    assert fenced.ok and "(1, 2)" in fenced.detail and "durable (1 event)" in fenced.detail
+    assert fenced.ok and "durable (1 event)" in fenced.detail, fenced.detail
     assert result["persist"]["persisted"], result["persist"]
 
 
