@@ -15,6 +15,8 @@ this is what refuses them.
 
 from __future__ import annotations
 
+import threading
+
 KEPT = 64  # rollbacks remembered: a copy older than all of them was refused long ago
 
 
@@ -57,18 +59,21 @@ class Refusals:
     step, until they are stopped."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()  # noted from the channel's, ring's and Ray's threads
         self._told: set[tuple[str, int | None]] = set()
         self._notes: list[dict[str, object]] = []
 
     def note(self, path: str, generation: int | None, reason: str) -> None:
         """`path`: what was refused ("ring": a rank's hand-over, "replicas": a peer's copy)."""
-        if (path, generation) in self._told:
-            return
-        self._told.add((path, generation))
-        self._notes.append(
-            {"type": "fenced", "path": path, "generation": generation, "reason": reason}
-        )
+        with self._lock:
+            if (path, generation) in self._told:
+                return
+            self._told.add((path, generation))
+            self._notes.append(
+                {"type": "fenced", "path": path, "generation": generation, "reason": reason}
+            )
 
     def take(self) -> list[dict[str, object]]:
-        notes, self._notes = self._notes, []
+        with self._lock:
+            notes, self._notes = self._notes, []
         return notes

@@ -54,7 +54,8 @@ def raylet_of_this_worker() -> int:
     cmdline = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")[0]
     if not cmdline.endswith(b"raylet"):
         raise RuntimeError(
-            f"kill_node: this worker's parent (pid {ppid}, {cmdline.decode(errors='replace')}) "
+            f"killing the node's raylet: this worker's parent (pid {ppid}, "
+            f"{cmdline.decode(errors='replace')}) "
             "is not a raylet; refusing to guess which processes make up the node"
         )
     return ppid

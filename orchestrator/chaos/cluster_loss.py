@@ -18,29 +18,45 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stalwart.ckpt.durable import DurableError, DurableStore
 from stalwart.orchestrator.chaos.verdict import Check
 
-DRIVER_END_S = 180.0  # the lost cluster's driver process ends within this of the restart
+DRIVER_END_S = 120.0  # the lost run's driver ends within this of the fault's end
 
 
-def run_lost(spec_json: str, out: Path, address: str, base_dir: str | None, timeout_s: float):
+def run_lost(
+    spec_json: str,
+    out: Path,
+    address: str,
+    base_dir: str | None,
+    healed: Callable[[], bool],
+) -> int:
     """Run the job described by `spec_json` on the cluster at `address` in a process of its
     own, writing its run directory `out`; returns its exit status (nonzero: the cluster
-    went away under it)."""
+    went away under it). Once `healed()` (the fault is over) it has DRIVER_END_S to end,
+    else it is killed: a run the restart did not take down trains no further here."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "spec.json").write_text(spec_json)
     args = [sys.executable, "-m", __name__, str(out / "spec.json"), str(out), address]
     args += [base_dir or ""]
     with open(out / "driver.log", "wb") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            return proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
+        deadline = None
+        while True:
+            try:
+                return proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
+            if deadline is None and healed():
+                deadline = time.monotonic() + DRIVER_END_S
+            if deadline is not None and time.monotonic() > deadline:
+                proc.kill()
+                return proc.wait()
 
 
 def events_of(path: Path) -> list[dict[str, Any]]:
@@ -55,33 +71,43 @@ def events_of(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def resumed_check(lost: list[dict[str, Any]], resumed: list[dict[str, Any]]) -> Check:
-    """The second run resumed from the newest step the lost one persisted."""
-    persisted = [e["step"] for e in lost if e.get("type") == "persisted"]
+def newest_step(uri: str, job: str) -> int | None:
+    """The newest complete step on the store (what `--resume auto` takes), None if none."""
+    store = DurableStore(uri, job, retries=2, backoff_s=0.2)
+    try:
+        complete, _ = store.split_complete(store.steps())
+    except (DurableError, OSError):
+        return None
+    return max(complete, default=None)
+
+
+def resumed_check(
+    newest: int | None, lost: list[dict[str, Any]], resumed: list[dict[str, Any]]
+) -> Check:
+    """The second run resumed from `newest`, the newest step on storage when the cluster
+    was lost (read from the store: the lost run's own log may end before its last
+    writes did); `lost`, `resumed`: the two runs' events."""
+    name = "resumed from the newest durable step"
     reached = max((e.get("step") or 0 for e in lost if e.get("type") == "throughput"), default=0)
-    started = [e for e in resumed if e.get("type") == "resume"]
-    newest = max(persisted, default=None)
+    steps = [e["step"] for e in resumed if e.get("type") == "resume" and e.get("step") is not None]
+    step = steps[0] if steps else None
     if newest is None:
+        ok = step is None
         return Check(
-            "resumed from the newest durable step",
-            not started,
-            "the lost run persisted no step: the job started over"
-            if not started
-            else f"resumed from step {started[0]['step']}, but the lost run persisted none",
+            name,
+            ok,
+            "the lost run left no step on storage: the job started over"
+            if ok
+            else f"resumed from step {step}, but the lost run left none on storage",
         )
-    if not started:
-        return Check(
-            "resumed from the newest durable step",
-            False,
-            f"the lost run persisted step {newest}, but the job started over",
-        )
-    step = started[0]["step"]
+    if step is None:
+        return Check(name, False, f"storage held step {newest}, but the job started over")
+    which = "the newest" if step == newest else f"not {newest}, the newest"
     return Check(
-        "resumed from the newest durable step",
+        name,
         step == newest,
-        f"step {step} ({'the newest' if step == newest else f'not {newest}, the newest'} the "
-        f"lost run persisted); it had reached step {reached}: {max(reached - step, 0)} "
-        "steps redone",
+        f"step {step} ({which} on storage when the cluster was lost); the lost run had "
+        f"reached step {reached}: {max(reached - step, 0)} steps redone",
     )
 
 

@@ -34,13 +34,8 @@ class InjectRefused(ValueError):
 
 NODE_FAULTS = ("kill_node", "kill_raylet", "gpu_xid")  # they hit the node hosting the rank
 # Faults that stop no rank: a failure of their rank after them is another fault's, or none.
-FAIL_NO_RANK = (
-    "storage_unavailable",
-    "drop_replicas",
-    "corrupt_shard",
-    "fill_shm",
-    "kill_supervisor",
-)
+# (corrupt_shard does: its rank's restore of the damaged copy fails.)
+FAIL_NO_RANK = ("storage_unavailable", "drop_replicas", "fill_shm", "kill_supervisor")
 
 
 class FaultBook:

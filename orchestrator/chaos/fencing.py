@@ -8,7 +8,10 @@ store itself is the evidence that matters: `audit` reads every step this run com
 (its manifest names the generation that wrote it and when it was committed) and the data
 files beside it (each named for the generation that wrote it, ckpt/dcp_format.py);
 `check` holds them against the job's `generation` events. A step passes when it was
-committed before a later generation started and lists only its own generation's files.
+committed before a later generation started and lists only its own generation's files;
+a step a recovery found being written at or below its restore step, by nodes all alive,
+counts as the next generation's (adopted: the job's history). A run that persisted steps
+of which the store shows none fails the check: nothing could be read.
 Files a fenced generation wrote that no manifest lists are harmless: reported, not failed.
 """
 
@@ -33,6 +36,7 @@ class StepWrite:
     committed_at: float | None
     listed: list[int | None]  # the generation each file the manifest lists names
     unlisted: list[int] = field(default_factory=list)  # generations of files beside them
+    adopted_by: int | None = None  # the next generation took it over (its history)
 
 
 @dataclass
@@ -73,6 +77,7 @@ def audit(uri: str, job: str, run: str | None) -> Audit:
                     m.extra.get("committed_at"),
                     [file_generation(f) for f in listed],
                     [g for n in names if n not in listed and (g := file_generation(n)) is not None],
+                    m.extra.get("adopted_by"),
                 )
             )
     except (DurableError, OSError) as e:
@@ -88,17 +93,32 @@ def check(found: Audit | None, events: list[dict[str, Any]]) -> tuple[bool, str]
         return True, "the job writes no durable checkpoints" + refused
     if found.error is not None:
         return False, f"{found.where} could not be read: {found.error}"
-    started = sorted((e["generation"], e["ts"]) for e in events if e.get("type") == "generation")
+    persisted = sorted({e["step"] for e in events if e.get("type") == "persisted"})
+    if persisted and not found.steps:
+        return False, (
+            f"the run persisted steps {persisted}, but {found.where} shows none of this run's "
+            "from here (a store only the cluster's nodes see?): nothing could be checked"
+        )
+    gen_events = [e for e in events if e.get("type") == "generation"]
+    started = sorted((e["generation"], e["ts"]) for e in gen_events)
+    restored = {e["generation"]: e.get("restore_step") for e in gen_events}
     bad = []
     for w in found.steps:
         if w.generation is None:
             bad.append(f"step {w.step}: its manifest names no generation")
             continue
-        ended = min((ts for g, ts in started if g > w.generation), default=None)
+        owner = w.generation if w.adopted_by is None else w.adopted_by
+        ended = min((ts for g, ts in started if g > owner), default=None)
         if ended is not None and (w.committed_at is None or w.committed_at > ended):
             bad.append(
-                f"step {w.step}: committed by generation {w.generation} after generation "
-                f"{_next(started, w.generation)} started"
+                f"step {w.step}: committed by generation {owner} after generation "
+                f"{_next(started, owner)} started"
+            )
+        above = restored.get(w.adopted_by)
+        if w.adopted_by is not None and (above is None or w.step > above):
+            bad.append(
+                f"step {w.step}: generation {w.generation}'s write, adopted by generation "
+                f"{w.adopted_by}, which restarted from step {above}"
             )
         others = sorted({g for g in w.listed if g != w.generation}, key=str)
         if others:

@@ -115,9 +115,11 @@ def _wait_for_redis(port: int, proc: subprocess.Popen) -> None:
 
 class RayFaultInjector:
     """Carries out a scenario's faults of Ray on the local cluster (ray.cluster_utils'
-    Cluster) while the chaos run trains; the GCS runs again by `finish()` at the latest.
-    `applied`: one record per fault, for the verdict (shaped as the network faults' are:
-    no node named, so a failure of any node while it lasted is its)."""
+    Cluster) while the chaos run trains. A GCS it restarted lives as long as the thread
+    that started it (Ray's fate sharing): until `finish()`, which the caller calls once
+    the run is over, just before it stops the cluster. `applied`: one record per fault,
+    for the verdict (shaped as the network faults' are: no node named, so a failure of
+    any node while it lasted is its)."""
 
     def __init__(self, faults: list[RestartGcs], cluster: Any, events: Path):
         self.faults, self.cluster = faults, cluster
@@ -126,7 +128,8 @@ class RayFaultInjector:
             {**f.model_dump(mode="json"), "outcome": "not fired"} for f in faults
         ]
         self._done = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the GCS's state: down or up
+        self._watching = threading.Lock()
         self._down = False
         self._threads = [
             threading.Thread(target=self._one, args=(i,), name=f"chaos-ray-{i}", daemon=True)
@@ -135,11 +138,20 @@ class RayFaultInjector:
         for t in self._threads:
             t.start()
 
+    def over(self) -> bool:
+        """Every fault is done with: healed, or not to be carried out."""
+        return all(
+            r.get("healed_at") or r["outcome"] not in ("not fired", "injected")
+            for r in self.applied
+        )
+
     def _one(self, i: int) -> None:
         f, rec = self.faults[i], self.applied[i]
         while not self._done.is_set():
-            self.watch.poll()
-            if self.watch.due(f.at_step, f.after_seconds):
+            with self._watching:  # one reader of the event log at a time
+                self.watch.poll()
+                due = self.watch.due(f.at_step, f.after_seconds)
+            if due:
                 break
             self._done.wait(0.2)
         else:
@@ -176,7 +188,8 @@ class RayFaultInjector:
                 self._down = False
 
     def finish(self) -> list[dict[str, Any]]:
-        """Stop waiting, start the GCS if it is still down, return what was done."""
+        """Stop waiting, return what was done (a GCS still down is started, for the
+        cluster's orderly stop)."""
         self._done.set()
         for t in self._threads:
             t.join(timeout=60)

@@ -223,10 +223,12 @@ def _run_through_cluster_loss(
         say(f"chaos run: {faulty.name}, {len(ray_fs)} fault(s) of Ray, in a process of its own")
         restarter = RayFaultInjector(ray_fs, first, lost_dir / "events.jsonl")
         try:
-            spec_json = faulty.model_dump_json()
-            rc = cluster_loss.run_lost(spec_json, lost_dir, first.address, opts.base_dir, 3600)
+            rc = cluster_loss.run_lost(
+                faulty.model_dump_json(), lost_dir, first.address, opts.base_dir, restarter.over
+            )
         finally:
             applied = restarter.finish()
+    newest = cluster_loss.newest_step(persist.uri, faulty.name) if persist.uri else None
     say(
         f"the cluster is lost (the run's driver ended with status {rc}): the job again on a "
         "new cluster, resuming from storage"
@@ -241,7 +243,7 @@ def _run_through_cluster_loss(
         else None
     )
     verdict = judge(sc, [], result, events, digest, None, None, applied, durable)
-    verdict.checks.append(cluster_loss.resumed_check(lost, events))
+    verdict.checks.append(cluster_loss.resumed_check(newest, lost, events))
     verdict.passed = all(c.ok for c in verdict.checks)
     (out / "verdict.json").write_text(json.dumps(verdict.to_dict(), indent=2) + "\n")
     (out / "junit.xml").write_text(junit([verdict]))

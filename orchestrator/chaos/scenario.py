@@ -157,6 +157,11 @@ class Scenario(_Model):
                     f"faults.{i}: without cluster.gcs_ft a {f['kind']} loses the whole "
                     "cluster (the job resumes on a new one): it is the scenario's only fault"
                 )
+            if not self.cluster.gcs_ft and (self.cluster.shm_bytes or self.expect.alerts):
+                raise ValueError(
+                    f"faults.{i}: without cluster.gcs_ft a {f['kind']} runs the job twice, on "
+                    "two clusters: cluster.shm_bytes and expect.alerts are not carried over"
+                )
         return self
 
     @model_validator(mode="after")

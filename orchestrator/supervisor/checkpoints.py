@@ -293,7 +293,7 @@ class Checkpoints:
         """Generation `generation` runs (or is about to): writes to storage that older ones
         started and did not commit are fenced off (supervisor/persist.py)."""
         if self.persister is not None:
-            self.persister.fence(generation, restore_step)
+            self.persister.fence(generation, restore_step, frozenset(self.pool.bad.lost))
 
     def borrow(self, rank: int, source: int) -> None:
         """`rank` (added by a grow) restores `source`'s shard until it has its own."""

@@ -14,7 +14,10 @@ Fencing: every write is the job's generation's, the one running when it started.
 agents name their files for it (``__R_0.genG.distcp``) and the manifest records it. A
 recovery fences the generation off (`fence`): a step it was still writing is dropped
 (`persist_fenced`) and never gets a manifest, so its files (an agent cut off by a partition
-may still write them after the heal) are listed by none and pruned with their directory.
+may still write them after the heal) are listed by none and pruned with their directory;
+unless the step is at or below the restore step (the job's history, the same bytes
+whichever generation wrote it) and every node writing it is alive: then the new generation
+adopts it (``adopted_by`` in the manifest).
 A manifest whose check passed before the fence is written: it was decided while its
 generation ran (``committed_at`` in the manifest, before the next generation's event).
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from typing import Any
 
 import ray
@@ -124,13 +127,24 @@ class Persister:
                 "generation": generation,
             }
 
-    def fence(self, generation: int, restore_step: int | None = None) -> None:
-        """Generation `generation` starts (after a roll back to `restore_step`): a write
-        an older one started and has not committed yet is dropped."""
+    def fence(
+        self, generation: int, restore_step: int | None = None, lost: Set[str] = frozenset()
+    ) -> None:
+        """Generation `generation` starts (after a roll back to `restore_step`; `lost`: the
+        nodes lost by then): a write an older one started and has not committed yet is
+        dropped, unless it is of the job's history (at or below the restore step) and
+        every node writing it is alive: that one the new generation adopts (a storm of
+        recoveries faster than a write would otherwise never reach storage)."""
         with self._lock:
             self.generation = max(self.generation, generation)
             job = self._in_flight
-            if job is None or job["generation"] >= generation or job.get("committing"):
+            if job is None or job.get("committing"):
+                return
+            if job.get("adopted_by", job["generation"]) >= generation:
+                return
+            writers = set(job.get("refs", {}).values())
+            if restore_step is not None and job["step"] <= restore_step and not writers & lost:
+                job["adopted_by"] = generation
                 return
             self._in_flight = None
         restart = "" if restore_step is None else f" from step {restore_step}"
@@ -179,6 +193,8 @@ class Persister:
             job["committing"] = True
             committed_at = time.time()
         extra = {"generation": job["generation"], "committed_at": committed_at}
+        if "adopted_by" in job:
+            extra["adopted_by"] = job["adopted_by"]
         if self.run:
             extra["run"] = self.run
         try:

@@ -51,6 +51,8 @@ def test_a_gcs_restarted_without_it_loses_the_cluster_and_the_job_resumes(cache,
     assert not (out / "chaos" / "result.json").exists()
     persisted = max(e["step"] for e in _of(lost, "persisted"))
     [resume] = _of(_events(out / "resumed" / "events.jsonl"), "resume")
-    assert resume["step"] == persisted
+    # The newest step on storage when the cluster went: the lost run's log may end before
+    # its last write did.
+    assert resume["step"] >= persisted
     [check] = [c for c in verdict.checks if c.name == "resumed from the newest durable step"]
-    assert check.ok and check.detail.startswith(f"step {persisted} (the newest")
+    assert check.ok and check.detail.startswith(f"step {resume['step']} (the newest")

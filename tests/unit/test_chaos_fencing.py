@@ -69,3 +69,23 @@ def test_without_a_durable_store_or_a_run_the_check_says_so(tmp_path):
     _persist(store, 10, 1, committed_at=150.0)
     ok, detail = check(audit(str(tmp_path), "job", None), EVENTS)  # a run that never said
     assert ok and detail.startswith("0 steps on ")
+
+
+def test_an_adopted_step_counts_as_the_adopting_generations(tmp_path):
+    store = DurableStore(str(tmp_path), "job")
+    writes = [store.write_rank(10, 0, make_snapshot(10)[0], 1)]
+    adopted = {"run": RUN, "generation": 1, "committed_at": 250.0, "adopted_by": 2}
+    store.write_manifest(10, 1, extra=adopted, writes=writes)
+    events = [{**e, "restore_step": 12 if e["generation"] == 2 else None} for e in EVENTS]
+    ok, detail = check(audit(str(tmp_path), "job", RUN), events)
+    assert ok, detail
+    # Adopted by a generation that restarted below it: a fenced write.
+    events[1]["restore_step"] = 8
+    ok, detail = check(audit(str(tmp_path), "job", RUN), events)
+    assert not ok and "adopted by generation 2, which restarted from step 8" in detail
+
+
+def test_a_store_that_shows_nothing_of_what_the_run_persisted_fails(tmp_path):
+    persisted = [{"type": "persisted", "step": 10}]
+    ok, detail = check(audit(str(tmp_path / "elsewhere"), "job", RUN), EVENTS + persisted)
+    assert not ok and "persisted steps [10], but" in detail and "nothing could be checked" in detail

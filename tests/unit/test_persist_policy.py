@@ -166,3 +166,23 @@ def test_writes_start_under_the_generation_running_then(tmp_path):
     calls: list = []
     p.start(10, 1, {"n1": (Agent, [0])})
     assert calls[0][-1] == 4 and p._in_flight["generation"] == 4
+
+
+def test_a_write_of_the_jobs_history_by_live_nodes_is_adopted(tmp_path):
+    # A recovery restarting from step 12 finds step 10 being written by live nodes: the
+    # same bytes whichever generation writes them, so the next generation takes it over
+    # (a storm of recoveries must not keep storage from ever getting a step).
+    p, job, records, events = _writing(tmp_path, generation=2)
+    job["refs"] = {"ref": "node-a"}
+    p.fence(3, restore_step=12, lost={"node-b"})
+    p.fence(3)  # the launch's own fence: nothing more
+    assert events == [] and job["adopted_by"] == 3 and not p.idle()
+    p._finish(job, records)
+    extra = p.store.newest_valid(1)[0].extra
+    assert extra["generation"] == 2 and extra["adopted_by"] == 3
+    # Written by a lost node, or above the restore step: dropped.
+    for lost, restore in (({"node-a"}, 12), (set(), 9)):
+        q, job, _, events = _writing(tmp_path / f"{restore}", generation=2)
+        job["refs"] = {"ref": "node-a"}
+        q.fence(3, restore_step=restore, lost=lost)
+        assert [e for e, _ in events] == ["persist_fenced"] and q.idle()
