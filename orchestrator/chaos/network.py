@@ -139,6 +139,7 @@ class JobWatch:
         self.running_since: float | None = None
         self.step = -1
         self.node_of: dict[int, str] = {}
+        self._reading = threading.Lock()
 
     def poll(self) -> None:
         with contextlib.suppress(OSError):
@@ -159,6 +160,19 @@ class JobWatch:
         return self.running_since is not None and time.time() >= self.running_since + (
             after_seconds or 0.0
         )
+
+    def wait_until_due(
+        self, at_step: int | None, after_seconds: float | None, done: threading.Event
+    ) -> bool:
+        """Read the log until the fault is `due` (True), or `done` is set first (False).
+        Each fault waits in a thread of its own: one of them reads the log at a time."""
+        while not done.is_set():
+            with self._reading:
+                self.poll()
+                if self.due(at_step, after_seconds):
+                    return True
+            done.wait(0.2)
+        return False
 
     def _take(self, e: dict[str, Any]) -> None:
         kind = e.get("type")
@@ -187,7 +201,6 @@ class NetworkInjector:
             {**f.model_dump(mode="json", by_alias=True), "outcome": "not fired"} for f in faults
         ]
         self._done = threading.Event()
-        self._lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._one, args=(i,), name=f"chaos-net-{i}", daemon=True)
             for i in range(len(faults))
@@ -219,14 +232,7 @@ class NetworkInjector:
 
     def _one(self, i: int) -> None:
         f, rec = self.faults[i], self.applied[i]
-        while not self._done.is_set():
-            with self._lock:
-                self.watch.poll()
-                due = self.watch.due(f.at_step, f.after_seconds)
-            if due:
-                break
-            self._done.wait(0.2)
-        else:
+        if not self.watch.wait_until_due(f.at_step, f.after_seconds, self._done):
             return
         try:
             nodes = self._targets(f)

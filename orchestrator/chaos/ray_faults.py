@@ -129,7 +129,6 @@ class RayFaultInjector:
         ]
         self._done = threading.Event()
         self._lock = threading.Lock()  # the GCS's state: down or up
-        self._watching = threading.Lock()
         self._down = False
         self._threads = [
             threading.Thread(target=self._one, args=(i,), name=f"chaos-ray-{i}", daemon=True)
@@ -147,14 +146,7 @@ class RayFaultInjector:
 
     def _one(self, i: int) -> None:
         f, rec = self.faults[i], self.applied[i]
-        while not self._done.is_set():
-            with self._watching:  # one reader of the event log at a time
-                self.watch.poll()
-                due = self.watch.due(f.at_step, f.after_seconds)
-            if due:
-                break
-            self._done.wait(0.2)
-        else:
+        if not self.watch.wait_until_due(f.at_step, f.after_seconds, self._done):
             return
         with self._lock:
             if self._down:

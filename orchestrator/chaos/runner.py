@@ -237,14 +237,23 @@ def _run_through_cluster_loss(
         result = _run(faulty, out / "resumed", second.address, True, opts, resume="auto")
     lost = cluster_loss.events_of(lost_dir / "events.jsonl")
     events = cluster_loss.events_of(out / "resumed" / "events.jsonl")
-    durable = (
-        fencing.audit(persist.uri, faulty.name, (result.get("persist") or {}).get("run"))
-        if persist.uri
-        else None
+    resumed = cluster_loss.resumed_check(newest, lost, events)
+    durable = _durable_audit(faulty, result)
+    return _written(
+        judge(sc, [], result, events, digest, None, None, applied, durable, also=[resumed]), out
     )
-    verdict = judge(sc, [], result, events, digest, None, None, applied, durable)
-    verdict.checks.append(cluster_loss.resumed_check(newest, lost, events))
-    verdict.passed = all(c.ok for c in verdict.checks)
+
+
+def _durable_audit(spec: JobSpec, result: dict[str, Any]) -> fencing.Audit | None:
+    """What the run (its result.json says which) wrote to the job's durable store; None
+    when the job writes none."""
+    uri = spec.checkpoint.persist.uri
+    run = (result.get("persist") or {}).get("run")
+    return fencing.audit(uri, spec.name, run) if uri else None
+
+
+def _written(verdict: Verdict, out: Path) -> Verdict:
+    """`verdict`, also written to OUT/verdict.json and OUT/junit.xml."""
     (out / "verdict.json").write_text(json.dumps(verdict.to_dict(), indent=2) + "\n")
     (out / "junit.xml").write_text(junit([verdict]))
     return verdict
@@ -510,13 +519,6 @@ def run_scenario(
     for t, answer in injected:
         if "error" in answer:
             faults.append({**t.fault, "at_step": -1, "refused": answer["error"]})
-    persist = faulty.checkpoint.persist
-    durable = (
-        fencing.audit(persist.uri, faulty.name, (result.get("persist") or {}).get("run"))
-        if persist.uri
-        else None
-    )
+    durable = _durable_audit(faulty, result)
     verdict = judge(sc, faults, result, events, digest, alerts, alerts_error, network, durable)
-    (opts.output / "verdict.json").write_text(json.dumps(verdict.to_dict(), indent=2) + "\n")
-    (opts.output / "junit.xml").write_text(junit([verdict]))
-    return verdict
+    return _written(verdict, opts.output)

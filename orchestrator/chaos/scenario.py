@@ -29,6 +29,7 @@ with none.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -142,11 +143,7 @@ class Scenario(_Model):
         for i, f in enumerate(self.faults):
             if not ray_faults.is_ray_fault(f):
                 continue
-            try:
-                ray_faults.parse(f)
-            except ValidationError as e:
-                errors = [_format_error(err) for err in e.errors()]
-                raise ValueError(f"faults.{i}: " + "; ".join(errors)) from None
+            _checked(i, ray_faults.parse, f)
             if self.cluster.network != "loopback" or self.cluster.worker_nodes < 1:
                 raise ValueError(
                     f"faults.{i}: a {f['kind']} fault needs the local cluster the command "
@@ -169,11 +166,7 @@ class Scenario(_Model):
         for i, f in enumerate(self.faults):
             if not network.is_network(f):
                 continue
-            try:
-                network.parse(f)
-            except ValidationError as e:
-                errors = [_format_error(err) for err in e.errors()]
-                raise ValueError(f"faults.{i}: " + "; ".join(errors)) from None
+            _checked(i, network.parse, f)
             if self.cluster.network != "netns" or self.cluster.worker_nodes < 1:
                 raise ValueError(
                     f"faults.{i}: a {f['kind']} fault needs worker nodes with networks of "
@@ -243,6 +236,16 @@ class Scenario(_Model):
                     one["rank"] = rng.randrange(workers)
                 timed.append(TimedFault(max(at, 0.0), one))
         return steps, sorted(timed, key=lambda t: t.after_s)
+
+
+def _checked(i: int, parse: Callable[[dict[str, Any]], Any], fault: dict[str, Any]) -> None:
+    """`parse(fault)`, the scenario's fault `i` of the outside kinds (network, Ray); its
+    errors as one message naming `faults.i` and each field."""
+    try:
+        parse(fault)
+    except ValidationError as e:
+        errors = [_format_error(err) for err in e.errors()]
+        raise ValueError(f"faults.{i}: " + "; ".join(errors)) from None
 
 
 def _spec_path(sc: Scenario) -> Path:

@@ -11,6 +11,7 @@ the report and the exporter read too.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -195,11 +196,13 @@ def judge(
     alerts_error: str | None = None,
     network: list[dict[str, Any]] = (),
     durable: fencing.Audit | None = None,
+    also: Sequence[Check] = (),
 ) -> Verdict:
     """The verdict of one chaos run of `sc` (its resolved `faults`, and the records of the
     `network` faults carried out on its cluster); `alerts_error`: why Prometheus did not
     answer when last asked, if it did not; `durable`: what the run wrote to the durable
-    store (None: it writes none)."""
+    store (None: it writes none); `also`: checks the caller made itself (a cluster lost
+    and resumed: cluster_loss.py)."""
     ex = sc.expect
     rows = fault_rows(result, events, faults) + network_rows(result, list(network), len(faults))
     checks: list[Check] = []
@@ -285,6 +288,7 @@ def judge(
             )
         )
     checks.append(Check(fencing.CHECK, *fencing.check(durable, events)))
+    checks += also
     if ex.memory_flat:
         checks.append(_memory_flat(events))
     if ex.alerts:
