@@ -84,6 +84,7 @@ def run(
     """Run each SCENARIO: its failure-free baseline, its chaos run, and a verdict (PASS or
     FAIL, with what each fault cost)."""
     from stalwart.orchestrator.chaos.netns import NetnsError
+    from stalwart.orchestrator.chaos.ray_faults import RedisMissing
     from stalwart.orchestrator.chaos.render import junit, table
     from stalwart.orchestrator.chaos.runner import (
         BaselineFailed,
@@ -160,7 +161,7 @@ def run(
         except (ChaosRefused, ClusterUnreachable, JobAlreadyRunning, UnsupportedDependency) as e:
             discard_if_empty(created)
             fail(str(e), EXIT_USAGE)
-        except (BaselineFailed, SupervisorLost, ShmMountFailed, NetnsError) as e:
+        except (BaselineFailed, SupervisorLost, ShmMountFailed, NetnsError, RedisMissing) as e:
             err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
             sys.exit(EXIT_FAILED)
         verdicts.append(v)

@@ -386,3 +386,27 @@ def test_ray_faults_name_the_field_and_the_cluster_they_need(tmp_path):
     with pytest.raises(ChaosRefused) as e:
         run_scenario(sc, ChaosOptions(output=tmp_path / "out", address="127.0.0.1:1"))
     assert "restart_gcs is carried out on the local cluster this command starts" in str(e.value)
+
+
+def test_a_gcs_ft_scenario_without_redis_is_one_line_not_a_traceback(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from stalwart.orchestrator.chaos import ray_faults
+    from stalwart.orchestrator.cli import main
+
+    real_which = ray_faults.shutil.which
+    monkeypatch.setattr(
+        ray_faults.shutil, "which", lambda n: None if n == "redis-server" else real_which(n)
+    )
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    path = _scenario(
+        tmp_path,
+        "name: x\njob: {spec: job.yaml}\ncluster: {worker_nodes: 1, gcs_ft: true}\n"
+        "faults: [{kind: restart_gcs, at_step: 5}]\n",
+    )
+    result = CliRunner().invoke(
+        main, ["chaos", "run", str(path), "--run-dir", str(tmp_path / "out")]
+    )
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert "cluster.gcs_ft needs redis-server" in result.stderr
