@@ -272,6 +272,17 @@ def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
     return sc
 
 
+def lean_baseline(spec: JobSpec, name: str) -> JobSpec:
+    """The failure-free run of `spec`: what decides its model, without what only keeps a
+    job alive through faults it will not meet. No spares, no standbys (processes that
+    would start and import torch beside the ranks on the same cores), no durable tier (its
+    writes, and a later baseline resuming from them)."""
+    failure = spec.failure.model_copy(update={"spares": 0, "standby": False})
+    persist = spec.checkpoint.persist.model_copy(update={"uri": None})
+    checkpoint = spec.checkpoint.model_copy(update={"persist": persist})
+    return spec.model_copy(update={"name": name, "failure": failure, "checkpoint": checkpoint})
+
+
 def job_specs(sc: Scenario) -> tuple[JobSpec, JobSpec]:
     """(baseline, chaos): the scenario's job without faults and with them, each under a
     name of its own, NAME-baseline and NAME-chaos (their durable checkpoints, if any, never
@@ -302,7 +313,7 @@ def job_specs(sc: Scenario) -> tuple[JobSpec, JobSpec]:
     # A timed fault is checked as a step fault would be (its kind's fields, its rank).
     faults_checked = [*faults, *({**t.fault, "at_step": 0} for t in timed)]
     name = base.name[:48]
-    clean = base.model_copy(update={"name": f"{name}-baseline"})
+    clean = lean_baseline(base, f"{name}-baseline")
     # chaos.enabled stays the spec's: on a cluster the command did not start it must be
     # set (with --allow-remote), as for `stalwart run`.
     enabled = bool((data.get("chaos") or {}).get("enabled", False))

@@ -52,9 +52,16 @@ def test_every_example_scenario_loads_and_builds_its_jobs():
         outside = len(sc.network_faults(faulty.max_workers)) + len(sc.ray_faults())
         assert len(steps) + len(timed) + outside >= 1
         assert clean.name.endswith("-baseline") and faulty.name.endswith("-chaos")
-        # Both are the same job but for the faults.
+        # Both are the same job but for the faults, and for what only keeps the job alive
+        # through them: the baseline starts no spare or standby and writes no durable
+        # checkpoint (nor resumes from one).
+        assert (clean.failure.spares, clean.failure.standby) == (0, False)
+        assert clean.checkpoint.persist.uri is None
         a = clean.model_dump(exclude={"name", "chaos"})
         b = faulty.model_dump(exclude={"name", "chaos"})
+        for spec in (a, b):
+            del spec["failure"]["spares"], spec["failure"]["standby"]
+            del spec["checkpoint"]["persist"]["uri"]
         assert a == b, path
 
 
