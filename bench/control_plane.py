@@ -94,6 +94,8 @@ if str(REPO) not in sys.path:
 import ray  # noqa: E402
 
 from stalwart.orchestrator.spec import HealthSpec  # noqa: E402
+from stalwart.health.slow_link import LinkConfig  # noqa: E402
+from stalwart.orchestrator.supervisor.links import LinkWatch  # noqa: E402
 from stalwart.orchestrator.supervisor.monitor import HealthMonitor  # noqa: E402
 from stalwart.orchestrator.supervisor.poller import ReportPoller  # noqa: E402
 
@@ -457,7 +459,13 @@ class BenchSupervisor:
             self.asks += 1
             return ref
 
-        self.poller = ReportPoller(ask, self.monitor)
+        # Every answer's round trip timed at its arrival, as the supervisor's is (a
+        # callback per report: health.slow_link's cost is in these figures).
+        link = self.spec.slow_link
+        self.links = LinkWatch(
+            LinkConfig(link.threshold, link.window, link.consecutive_windows, link.min_excess_s)
+        )
+        self.poller = ReportPoller(ask, self.monitor, self.links.round_trip)
         self.generation = 0
         self._stop = threading.Event()
         self.phase: tuple[str, float] = ("idle", time.time())

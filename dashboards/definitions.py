@@ -405,6 +405,21 @@ def nodes() -> dict[str, Any]:
                 "a sick node's ranks compute slower",
                 w=12,
             ),
+            Panel(
+                "Report round trip per node",
+                "timeseries",
+                (
+                    Target(
+                        f"max by (node) (stalwart_node_link_round_trip_seconds{{{JOB}}})",
+                        "{{node}}",
+                    ),
+                ),
+                "s",
+                "the supervisor's report requests to each node's agent, there and back "
+                "(health.slow_link): a delayed or lossy link stands out here, not in the "
+                "ranks' compute time",
+                w=12,
+            ),
             Row("GPUs"),
             Panel(
                 "GPU findings",

@@ -423,6 +423,7 @@ def _force_stop(follower: _Follower, spec: JobSpec, store_key: str, why: str) ->
         "cordoned": [],
         "lost_nodes": [],
         "stragglers": [],
+        "slow_links": [],
         "checkpoint": None,
         "replication": None,
         "persist": None,

@@ -57,6 +57,38 @@ class StragglerSpec(_Model):
     )
 
 
+class SlowLinkSpec(_Model):
+    """A node's network judged by the round trips of its report requests
+    (health/slow_link.py): a delayed or lossy link names its node, not a rank."""
+
+    policy: Literal["alert", "none"] = Field(
+        "alert",
+        description="alert: event and metric (its ranks compute as fast as their peers: "
+        "nothing to replace); none: do not look",
+    )
+    threshold: float = Field(
+        3.0,
+        gt=1,
+        description="flag a node whose round trip is this many times the other nodes' median",
+    )
+    window: int = Field(
+        15,
+        ge=2,
+        le=MAX_COUNT,
+        description="round trips per window (one per health.report_interval_s); a window's "
+        "round trip is its mean without its longest",
+    )
+    consecutive_windows: int = Field(
+        2, ge=1, le=MAX_COUNT, description="flag only after this many consecutive slow windows"
+    )
+    min_excess_s: float = Field(
+        0.02,
+        ge=0,
+        description="ignore round trips less than this many seconds over the other nodes' "
+        "(a busy machine's scheduling)",
+    )
+
+
 class GpuSpec(_Model):
     probe: Literal["auto", "nvml", "fake", "none"] = Field(
         "auto",
@@ -177,5 +209,6 @@ class HealthSpec(_Model):
     )
     loss_guard: LossGuardSpec = Field(default_factory=LossGuardSpec)
     straggler: StragglerSpec = Field(default_factory=StragglerSpec)
+    slow_link: SlowLinkSpec = Field(default_factory=SlowLinkSpec)
     gpu: GpuSpec = Field(default_factory=GpuSpec)
     preflight: PreflightSpec = Field(default_factory=PreflightSpec)

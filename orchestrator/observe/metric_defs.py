@@ -235,6 +235,14 @@ DEFINITIONS: tuple[MetricDef, ...] = (
     ),
     MetricDef("stalwart_stragglers_flagged_total", "counter", "straggler flags raised"),
     MetricDef(
+        "stalwart_node_link_round_trip_seconds",
+        "gauge",
+        "a node's report round trip from the supervisor (mean of the latest window without "
+        "its longest; health.slow_link)",
+        ("node",),
+    ),
+    MetricDef("stalwart_slow_links_flagged_total", "counter", "slow link flags raised"),
+    MetricDef(
         "stalwart_replication_sent_bytes_total", "counter", "bytes of shards sent to peers' memory"
     ),
     MetricDef(

@@ -179,6 +179,8 @@ class JobMetrics:
                 self._("stalwart_persist_failures_total").inc()
             elif kind == "straggler":
                 self._("stalwart_stragglers_flagged_total").inc()
+            elif kind == "slow_link":
+                self._("stalwart_slow_links_flagged_total").inc()
             elif kind == "throughput":
                 self._("stalwart_steps_per_second").set(e["steps_per_s"])
                 committed = e.get("committed_step")
@@ -355,9 +357,17 @@ class JobMetrics:
                     0 if g.get("lost") or g.get("error") else 1
                 )
 
-    def forget_node(self, node: str) -> None:
-        """A lost node: its GPUs' readings go (their counters stay, as history)."""
+    def link_round_trips(self, rtt_s: Mapping[str, float]) -> None:
+        """Each judged node's round trip (health/slow_link.py's window mean)."""
         with self._lock:
+            for node, seconds in rtt_s.items():
+                self._("stalwart_node_link_round_trip_seconds", node).set(seconds)
+
+    def forget_node(self, node: str) -> None:
+        """A lost node: its GPUs' readings and its round trip go (their counters stay, as
+        history)."""
+        with self._lock:
+            self._remove("stalwart_node_link_round_trip_seconds", node)
             for n, index in [k for k in self._gpus if k[0] == node]:
                 for name in GPU_GAUGES:
                     self._remove(name, n, str(index))

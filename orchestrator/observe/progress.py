@@ -231,6 +231,15 @@ def print_summary(console: Console, result: dict[str, Any]) -> None:
                 f"rank {s['rank']} ({s['score']:.1f}x, {s['action']})" for s in result["stragglers"]
             ),
         )
+    if result.get("slow_links"):
+        t.add_row(
+            "slow links",
+            ", ".join(
+                f"node {s['node'][:12]} (ranks {', '.join(map(str, s['ranks']))}: "
+                f"{s['rtt_s'] * 1000:.0f} ms, {s['score']:.1f}x)"
+                for s in result["slow_links"]
+            ),
+        )
     if result.get("resizes"):
         t.add_row("resizes", ", ".join(f"{r['from']}->{r['to']}" for r in result["resizes"]))
     if startup_text(result.get("startup")):

@@ -156,6 +156,7 @@ class JobSupervisor:
                 self._set(JobState.FAILED, self.ledger.error["message"])
         finally:
             leases.stop()
+            self.detect.ray_nodes.close()
             self.ledger.ended_at = time.time()
             try:
                 self._refresh_metrics()  # the final values, for the last scrapes
@@ -267,6 +268,7 @@ class JobSupervisor:
             cordoned=self.pool.bad.log,
             lost_nodes=sorted(self.pool.bad.lost),
             stragglers=self.detect.flags,
+            slow_links=self.detect.link_flags,
             replication=ckpt.replication_summary(self.metrics.copy_wait_s),
             persist=ckpt.persister.summary() if ckpt.persister else None,
             resumed_from=ckpt.resumed_from,
@@ -357,6 +359,7 @@ class JobSupervisor:
             len(self.pool.workers),
             on_steady=lambda rate: self.ckpt.plan.steady(rate, self.ckpt.replication),
         )
+        self.detect.slow_links(now)
         lost, reason = self.detect.lost_nodes(now)
         for node in lost:
             self.pending += self.detect.lose_node(node, reason, now)

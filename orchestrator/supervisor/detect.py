@@ -2,7 +2,7 @@
 
 It polls the node agents (supervisor/poller.py), feeds the monitor (supervisor/monitor.py)
 and runs the detectors of health/ on it: lost nodes, hangs (with every rank's stacks),
-stragglers, GPU faults. It returns failures and never acts on them: deciding is
+stragglers, slow links, GPU faults. It returns failures and never acts on them: deciding is
 health.policy's, executing recovery's. A lost node is the one fact it spreads: every
 collaborator that keeps state of the node forgets it at once (its slots go back too).
 """
@@ -10,6 +10,7 @@ collaborator that keeps state of the node forgets it at once (its slots go back 
 from __future__ import annotations
 
 import contextlib
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -20,9 +21,11 @@ import ray
 from stalwart.health.hang_timeout import HangTimeouts
 from stalwart.health.observations import Budget, FailureKind, WorkerFailure
 from stalwart.health.policy import Action
+from stalwart.health.slow_link import LinkConfig
 from stalwart.health.straggler import straggler_decision
 from stalwart.orchestrator.observe.metrics import JobMetrics
 from stalwart.orchestrator.spec import JobSpec
+from stalwart.orchestrator.supervisor.links import LinkWatch
 from stalwart.orchestrator.supervisor.monitor import HealthMonitor
 from stalwart.orchestrator.supervisor.poller import ReportPoller
 from stalwart.orchestrator.supervisor.pool import NODE_PING_TIMEOUT_S, ActorGone, WorkerPool
@@ -53,12 +56,20 @@ class Detection:
         self._emit = emit
         self._lock = lock  # the actor's: progress() reads the beats from another thread
         self.monitor = HealthMonitor(spec.health)
-        self.poller = ReportPoller(lambda node: pool.agents[node].report.remote(), self.monitor)
+        link = spec.health.slow_link
+        self.links = LinkWatch(
+            LinkConfig(link.threshold, link.window, link.consecutive_windows, link.min_excess_s),
+            enabled=link.policy != "none",
+        )
+        self.poller = ReportPoller(
+            lambda node: pool.agents[node].report.remote(), self.monitor, self.links.round_trip
+        )
         self.beats: dict[int, dict[str, Any]] = {}  # rank -> its newest heartbeat
         # The newest step any rank beat, in any generation: kept when ranks are replaced or
         # renumbered (a recovery that replaced every rank still knows how far they came).
         self.reached = 0
         self.flags: list[dict[str, Any]] = []  # every straggler flag, for the result
+        self.link_flags: list[dict[str, Any]] = []  # every slow link flag, for the result
         self._straggling: set[int] = set()
         self.ray_nodes = RayNodeTable(RAY_NODES_CHECK_S)  # read off the control loop
         self._isolated = False  # every node silent at once, told once per spell
@@ -139,6 +150,7 @@ class Detection:
         self.monitor.forget_node(node)
         self.metrics.forget_node(node)
         self.poller.forget(node)
+        self.links.forget(node)
         self.checkpoints.forget_node(node)
         self._emit("node_lost", node=node, ranks=ranks, spares_lost=spares_lost, reason=reason)
         return [
@@ -288,6 +300,38 @@ class Detection:
             )
             for rank in decision.ranks
         ]
+
+    # --- slow links -------------------------------------------------------------------------
+
+    def slow_links(self, now: float) -> None:
+        """New and cleared slow link flags: events, a flag kept for the result, and every
+        node's round trip as a gauge. Never a failure (health/slow_link.py)."""
+        verdict = self.links.judge(now)
+        if verdict is None:
+            return
+        new, cleared, reason = verdict
+        report = self.links.report
+        self.metrics.link_round_trips(report.rtt_s)
+        for node in cleared:
+            self._emit("slow_link_cleared", node=node, rtt_s=report.rtt_s.get(node))
+        for node in new:
+            others = [v for n, v in report.rtt_s.items() if n != node]
+            flag = {
+                "node": node,
+                "ranks": self.monitor.ranks_on(node),
+                "rtt_s": report.rtt_s[node],
+                "peers_rtt_s": round(statistics.median(others), 4) if others else None,
+                "score": report.scores[node],
+                "at": now,
+            }
+            self.link_flags.append(flag)
+            self._emit(
+                "slow_link",
+                **flag,
+                reason=reason,
+                decision="alert only: the node's ranks compute as fast as their peers, and "
+                "moving them would not move its link (health.slow_link)",
+            )
 
     # --- GPUs -------------------------------------------------------------------------------
 

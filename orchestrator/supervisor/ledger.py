@@ -335,6 +335,7 @@ class Ledger:
             "cordoned": p["cordoned"],
             "lost_nodes": p["lost_nodes"],
             "stragglers": p["stragglers"],
+            "slow_links": p["slow_links"],
             "checkpoint": pipeline_summary(outs),
             "replication": p["replication"],
             "persist": p["persist"],

@@ -2,13 +2,16 @@
 
 The supervisor never blocks on an agent: each poll sends a request to every agent that has
 none outstanding and takes whatever answers are in. An agent that does not answer is not
-waited for; the monitor measures its silence from the oldest unanswered request.
+waited for; the monitor measures its silence from the oldest unanswered request. Each
+answer's round trip, timed at its arrival (a callback on the reply), goes to
+`on_round_trip` (supervisor/links.py: which node's link is slow).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import ray
@@ -18,10 +21,16 @@ from stalwart.orchestrator.supervisor.monitor import HealthMonitor
 
 
 class ReportPoller:
-    def __init__(self, ask: Callable[[str], Any], monitor: HealthMonitor):
+    def __init__(
+        self,
+        ask: Callable[[str], Any],
+        monitor: HealthMonitor,
+        on_round_trip: Callable[[str, float], None] | None = None,
+    ):
         """`ask(node)` sends one report request to `node`'s agent and returns its ref."""
         self._ask = ask
         self.monitor = monitor
+        self._on_round_trip = on_round_trip
         self.outstanding: dict[str, Any] = {}  # node -> report ref in flight
         self.last_poll = 0.0
 
@@ -41,11 +50,20 @@ class ReportPoller:
         now = self.last_poll = time.time()
         for node in nodes:
             if node not in self.outstanding:
-                self.outstanding[node] = self._ask(node)
+                sent = time.monotonic()
+                ref = self.outstanding[node] = self._ask(node)
                 self.monitor.node_asked(node, now)
+                if self._on_round_trip is not None:
+                    ref.future().add_done_callback(partial(self._arrived, node, sent))
         if wait_s > 0:
             reports += self._collect(wait_s)
         return reports
+
+    def _arrived(self, node: str, sent: float, answer: Any) -> None:
+        """Ray's thread, as `node`'s answer arrives: its round trip (an answer that is an
+        error is not a round trip of the link)."""
+        if not answer.cancelled() and answer.exception() is None:
+            self._on_round_trip(node, time.monotonic() - sent)
 
     def _collect(self, wait_s: float) -> list[dict[str, Any]]:
         node_of = {ref: node for node, ref in self.outstanding.items()}

@@ -155,12 +155,20 @@ def test_a_job_rides_out_loss_a_short_cut_and_a_flapping_link(netns, cache, tmp_
 def test_a_delayed_link_slows_the_job_and_nothing_is_replaced(netns, cache, tmp_path):
     """200 ms on every packet one node sends (netem, or this machine's delay line): the
     job trains on, slower while it lasts, with no node lost, no hang and no straggler
-    (compute time is what a straggler is judged by, and the node computes as fast)."""
+    (compute time is what a straggler is judged by, and the node computes as fast). The
+    slow link is named: the delayed rank's node, by its report round trips, once."""
     verdict, result, events = _run("delay", netns, cache, tmp_path)
     assert verdict.passed, _failed(verdict)
     assert result["failures"] == [] and result["generations"] == 1
     for kind in ("node_lost", "hang", "straggler"):
         assert _of(events, kind) == [], kind
+    [slow] = _of(events, "slow_link")
+    assert 1 in slow["ranks"], slow  # delay.yaml's rank
+    assert slow["rtt_s"] >= 0.2 > slow["peers_rtt_s"] * 3, slow
+    assert "alert only" in slow["decision"]
+    assert [s["node"] for s in result["slow_links"]] == [slow["node"]]
+    [cleared] = _of(events, "slow_link_cleared")
+    assert cleared["node"] == slow["node"] and cleared["ts"] > slow["ts"]
     rates = sorted(e["steps_per_s"] for e in _of(events, "throughput") if e.get("steps_per_s"))
     assert rates[0] < rates[len(rates) // 2] / 3, rates  # the delayed stretch
 

@@ -3,6 +3,7 @@ they come."""
 
 from __future__ import annotations
 
+import concurrent.futures
 from types import SimpleNamespace
 from typing import Any
 
@@ -70,7 +71,7 @@ class Agents:
 def fake_ray(monkeypatch, clock) -> FakeRay:
     fake = FakeRay()
     monkeypatch.setattr(poller_module, "ray", fake)
-    monkeypatch.setattr(poller_module, "time", SimpleNamespace(time=clock))
+    monkeypatch.setattr(poller_module, "time", SimpleNamespace(time=clock, monotonic=clock))
     return fake
 
 
@@ -208,3 +209,38 @@ def test_unavailable_agent_stays_silent_but_alive(poller, monitor, agents, fake_
     assert monitor.nodes["a"].agent_dead is False
     assert monitor.nodes["a"].unanswered_since == t1  # its silence keeps counting
     assert agents.asked("a") == 3  # the failed request is replaced at once
+
+
+class TimedRef(Ref):
+    """A ref whose reply arrives when the test says: future() as Ray's ObjectRef gives it."""
+
+    def __init__(self, node: str, n: int):
+        super().__init__(node, n)
+        self.reply: concurrent.futures.Future = concurrent.futures.Future()
+
+    def future(self) -> concurrent.futures.Future:
+        return self.reply
+
+
+def test_each_answers_round_trip_is_timed_at_its_arrival_not_at_the_next_poll(
+    monitor, fake_ray, clock
+):
+    """A poll every report_interval_s would round a round trip up to it: the callback on
+    the reply times it as it arrives. A failed answer is no round trip of the link."""
+    sent: list[TimedRef] = []
+    trips: list[tuple[str, float]] = []
+
+    def ask(node: str) -> TimedRef:
+        sent.append(TimedRef(node, len(sent)))
+        return sent[-1]
+
+    poller = ReportPoller(ask, monitor, lambda node, s: trips.append((node, round(s, 3))))
+    poller.poll(["a", "b"])
+    clock.advance(0.003)
+    sent[0].reply.set_result({"node": "a"})
+    clock.advance(0.2)
+    sent[1].reply.set_result({"node": "b"})
+    assert trips == [("a", 0.003), ("b", 0.203)]
+    poller.poll(["c"])
+    sent[2].reply.set_exception(RayActorError())
+    assert len(trips) == 2
