@@ -38,6 +38,7 @@ from pathlib import Path
 
 from stalwart.orchestrator.chaos.delay_line import DelayLine
 
+SHUTDOWN_GRACE_S = 2.0  # SIGTERM to SIGKILL when the whole cluster stops
 PREFIX = "stw"  # of every namespace, link and nft table this module makes
 TABLE = "stalwart_chaos"  # the nft table a fault adds in a node's namespace
 START_TIMEOUT_S = 60.0
@@ -243,10 +244,14 @@ class NetnsCluster:
         for node in self.nodes:
             with _suppress():
                 self.heal(node)  # a delay line's thread and links first
+        # Every node at once, and killed after a moment: `ray start --block` takes 30 s to
+        # stop its processes on SIGTERM here, one node after another, and nothing of this
+        # cluster outlives it (its processes are in its process group; what Ray started in
+        # a node's namespace is killed below).
+        self._stop_all([node.proc for node in self.nodes] + [self._head], SHUTDOWN_GRACE_S)
         for node in self.nodes:
             with _suppress():
-                self.kill_node(node)
-        self._stop(self._head)
+                self.kill_node(node)  # what outlived its raylet in the namespace
         for node in self.nodes:
             with _suppress():
                 _run("ip", "netns", "del", node.ns)
@@ -255,18 +260,26 @@ class NetnsCluster:
         with _suppress():
             _run("ip", "link", "del", self.bridge)
 
+    @classmethod
+    def _stop(cls, proc: subprocess.Popen | None, wait_s: float = 15.0) -> None:
+        cls._stop_all([proc], wait_s)
+
     @staticmethod
-    def _stop(proc: subprocess.Popen | None, wait_s: float = 15.0) -> None:
-        if proc is None or proc.poll() is not None:
-            return
-        with _suppress():
-            os.killpg(proc.pid, signal.SIGTERM)  # `ray start --block` stops its processes
-        try:
-            proc.wait(wait_s)
-        except subprocess.TimeoutExpired:
+    def _stop_all(procs: list[subprocess.Popen | None], wait_s: float = 15.0) -> None:
+        """SIGTERM to each `ray start --block` (it stops its processes), all at once; those
+        still running `wait_s` later are killed."""
+        live = [p for p in procs if p is not None and p.poll() is None]
+        for proc in live:
             with _suppress():
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(wait_s)
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait_s
+        for proc in live:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with _suppress():
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(wait_s)
 
     # --- faults -----------------------------------------------------------------------------
 
