@@ -93,8 +93,8 @@ if str(REPO) not in sys.path:
 
 import ray  # noqa: E402
 
-from stalwart.orchestrator.spec import HealthSpec  # noqa: E402
 from stalwart.health.slow_link import LinkConfig  # noqa: E402
+from stalwart.orchestrator.spec import HealthSpec  # noqa: E402
 from stalwart.orchestrator.supervisor.links import LinkWatch  # noqa: E402
 from stalwart.orchestrator.supervisor.monitor import HealthMonitor  # noqa: E402
 from stalwart.orchestrator.supervisor.poller import ReportPoller  # noqa: E402
