@@ -295,11 +295,34 @@ class NetnsCluster:
         self._table(node, "cut", f"{match_in} drop", f"{match_out} drop")
 
     def lose(self, node: NetNode, percent: float) -> None:
-        """Drop `percent` of the packets on `node`'s link, each way, at random."""
-        # numgen picks 0..9999 per packet: percent to a hundredth.
+        """Drop `percent` of the frames on `node`'s link, each way, at random: on the
+        bridge, as a cable or a switch port loses them, after the node's TCP sent them (a
+        drop in the node's own output hook is an error TCP sees at once and sends again
+        as if nothing was lost, never a retransmission its counters show). The rules live
+        in the root namespace, so a heal (or shutdown) removes them; while a delay line
+        carries the node's link its frames pass the bridge through the line's own link,
+        which these rules do not match."""
+        # numgen picks 0..9999 per frame: percent to a hundredth.
         below = max(1, round(percent * 100))
         rule = f"numgen random mod 10000 < {below} drop"
-        self._table(node, "loss", f'iifname "eth0" {rule}', f'oifname "eth0" {rule}')
+        frm, to = f'iifname "{node.veth}" {rule}', f'oifname "{node.veth}" {rule}'
+        _run(
+            "nft",
+            "-f",
+            "-",
+            stdin=(
+                f"table bridge {self._loss_table(node)} {{\n"
+                f"  chain forward {{ type filter hook forward priority 0; {frm}; {to}; }}\n"
+                f"  chain input {{ type filter hook input priority 0; {frm}; }}\n"
+                f"  chain output {{ type filter hook output priority 0; {to}; }}\n"
+                "}\n"
+            ),
+        )
+        node.faults.add("loss")
+
+    @staticmethod
+    def _loss_table(node: NetNode) -> str:
+        return f"{TABLE}_loss_{node.veth}"
 
     def delay(self, node: NetNode, ms: float, jitter_ms: float = 0.0) -> None:
         """Hold every packet `node` sends for `ms` (give or take `jitter_ms`), so both
@@ -341,6 +364,8 @@ class NetnsCluster:
                 node.line = None
             elif name == "delay":
                 _run("tc", "qdisc", "del", "dev", "eth0", "root", ns=node.ns)
+            elif name == "loss":
+                _run("nft", "delete", "table", "bridge", self._loss_table(node))
             else:
                 _run("nft", "delete", "table", "inet", f"{TABLE}_{name}", ns=node.ns)
             node.faults.discard(name)
