@@ -27,6 +27,7 @@ class LinkWatch:
         self._since_flag: dict[str, int] = {}  # flagged node -> round trips since last flagged
         self._counts: dict[str, int] = {}  # node -> round trips ever, to count calm ones
         self.flagged: dict[str, float] = {}  # node -> when it was flagged
+        self._gone: set[str] = set()  # lost nodes: a late answer of theirs is not kept
         self._judged_at = 0.0
         self.report = LinkReport()
 
@@ -35,6 +36,8 @@ class LinkWatch:
         if not self.enabled:
             return
         with self._lock:
+            if node in self._gone:
+                return
             q = self._samples.get(node)
             if q is None:
                 q = self._samples[node] = deque(maxlen=self.config.span)
@@ -42,8 +45,10 @@ class LinkWatch:
             self._counts[node] = self._counts.get(node, 0) + 1
 
     def forget(self, node: str) -> None:
-        """A lost node: its samples go, and so does its flag (no clearing event)."""
+        """A lost node: its samples go, and so does its flag (no clearing event); an
+        answer of its still on its way is not kept."""
         with self._lock:
+            self._gone.add(node)
             self._samples.pop(node, None)
             self._counts.pop(node, None)
             self._since_flag.pop(node, None)

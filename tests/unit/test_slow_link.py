@@ -118,7 +118,10 @@ def test_the_watch_flags_once_clears_after_a_calm_span_and_forgets_a_lost_node()
     feed(CFG.span, slow_b=True)
     assert watch.judge(t + 4 * JUDGE_EVERY_S)[0] == ["b"]  # slow again: news again
     watch.forget("b")
+    for _ in range(CFG.span):  # answers of its arriving after it was declared lost
+        watch.round_trip("b", 0.9)
     assert "b" not in watch.flagged and "b" not in watch.judge(t + 5 * JUDGE_EVERY_S)[0]
+    assert "b" not in watch.report.rtt_s  # and no gauge for it either
 
 
 def test_a_watch_switched_off_keeps_nothing():
