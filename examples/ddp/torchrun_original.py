@@ -12,6 +12,7 @@ model saved by rank 0.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 
 import torch
@@ -96,6 +97,10 @@ def main(argv: list[str] | None = None) -> None:
 
     if rank == 0:
         torch.save(model.module.state_dict(), args.out)
+    # DDP holds the process group: let it go first, so that the group is destroyed now and
+    # not while the interpreter exits (where gloo's threads tearing down can abort it).
+    del model
+    gc.collect()
     dist.destroy_process_group()
 
 
