@@ -21,9 +21,10 @@ peers, and moving them would not move the link (health.slow_link.policy).
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from stalwart.health.straggler import median_without
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,13 @@ def link_scores(
     scores: dict[str, float] = {}
     for i in range(k):
         rtt = {n: window_rtt(s[i * w : (i + 1) * w]) for n, s in ready.items()}
+        # One sort per window, each node's leave-one-out median read off it (the straggler
+        # detector's): a median of the others per node was 0.5 s a verdict at 2,048 nodes.
+        ordered = sorted(rtt.values())
+        position = {n: j for j, (n, _) in enumerate(sorted(rtt.items(), key=lambda kv: kv[1]))}
         slow = set()
         for node, mine in rtt.items():
-            ref = statistics.median(v for n, v in rtt.items() if n != node)
+            ref = median_without(ordered, position[node])
             scores[node] = round(mine / ref, 2) if ref > 0 else 1.0
             if scores[node] >= config.threshold and mine - ref >= config.min_excess_s:
                 slow.add(node)

@@ -69,7 +69,7 @@ def straggler_scores(
             position[rank] = i
         slow = set()
         for rank, m in best.items():
-            ref = _median_without(ordered, position[rank])
+            ref = median_without(ordered, position[rank])
             score = m / ref if ref > 0 else 1.0
             scores[rank] = round(score, 3)
             if score >= config.threshold and m - ref >= config.min_excess_s:
@@ -93,7 +93,7 @@ def straggler_scores(
     return report, reason
 
 
-def _median_without(ordered: list[float], i: int) -> float:
+def median_without(ordered: list[float], i: int) -> float:
     """The median of `ordered` (sorted) without its element at index `i`, in O(1): the
     leave-one-out reference for every rank costs one sort, not one per rank."""
     n = len(ordered) - 1
