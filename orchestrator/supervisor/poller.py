@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
@@ -32,15 +33,20 @@ class ReportPoller:
         self.monitor = monitor
         self._on_round_trip = on_round_trip
         self.outstanding: dict[str, Any] = {}  # node -> report ref in flight
+        # node -> the timed reply of its ref in flight: once it holds the answer, that is
+        # taken, not deserialized again by ray.get
+        self._replies: dict[str, Future] = {}
         self.last_poll = 0.0
 
     def forget(self, node: str) -> None:
         self.outstanding.pop(node, None)
+        self._replies.pop(node, None)
 
     def discard_in_flight(self) -> None:
         """Answers to requests already sent would describe the stores as they were (before
         a renumbering): ask again. Silence keeps counting from the first request."""
         self.outstanding.clear()
+        self._replies.clear()
 
     def poll(self, nodes: Iterable[str], wait_s: float = 0.0) -> list[dict[str, Any]]:
         """Take the answers that are in, then ask every node in `nodes` without a request in
@@ -54,7 +60,8 @@ class ReportPoller:
                 ref = self.outstanding[node] = self._ask(node)
                 self.monitor.node_asked(node, now)
                 if self._on_round_trip is not None:
-                    ref.future().add_done_callback(partial(self._arrived, node, sent))
+                    reply = self._replies[node] = ref.future()
+                    reply.add_done_callback(partial(self._arrived, node, sent))
         if wait_s > 0:
             reports += self._collect(wait_s)
         return reports
@@ -74,8 +81,9 @@ class ReportPoller:
         for ref in ready:
             node = node_of[ref]
             del self.outstanding[node]
+            reply = self._replies.pop(node, None)
             try:
-                reports.append(ray.get(ref))
+                reports.append(reply.result() if reply and reply.done() else ray.get(ref))
             except ActorUnavailableError:
                 continue  # unreachable for now: its silence keeps counting
             except RayActorError:

@@ -241,6 +241,12 @@ def test_each_answers_round_trip_is_timed_at_its_arrival_not_at_the_next_poll(
     clock.advance(0.2)
     sent[1].reply.set_result({"node": "b"})
     assert trips == [("a", 0.003), ("b", 0.203)]
-    poller.poll(["c"])
-    sent[2].reply.set_exception(RayActorError())
+    # The replies that arrived are the answers taken: not fetched again with ray.get.
+    fake_ray.results.update({sent[0]: "unused", sent[1]: "unused"})
+    assert poller.poll(["a", "b", "c"]) == [{"node": "a"}, {"node": "b"}]
+    assert fake_ray.gets == []
+    sent[4].reply.set_exception(RayActorError())  # c's request: an error, no round trip
     assert len(trips) == 2
+    fake_ray.results[sent[4]] = "unused"
+    assert poller.poll(["a", "b", "c"]) == []  # and its error is the answer taken
+    assert fake_ray.gets == [] and sent[-1].node == "c"  # c asked again at once
