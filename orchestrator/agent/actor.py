@@ -25,6 +25,7 @@ from stalwart.orchestrator.agent.copy_gate import CopyGate
 from stalwart.orchestrator.agent.durable_writes import DurableWrites
 from stalwart.orchestrator.agent.fence import Fence, Refusals
 from stalwart.orchestrator.agent.gpu_watch import GpuWatch
+from stalwart.orchestrator.agent.host import host_key, usable_cores
 from stalwart.orchestrator.agent.own_store import OwnStore
 from stalwart.orchestrator.agent.raylet_watch import RayletWatch
 from stalwart.orchestrator.agent.replication import ReplicaStore, Replicator
@@ -143,10 +144,16 @@ class NodeAgent:
         self._contact = time.monotonic()
         return self.node_id
 
-    def memory(self, shm_dir: str) -> dict[str, int | None]:
-        """This node's room for checkpoints: its memory available and the free bytes where
-        its ranks' rings go (the supervisor's memory preflight)."""
-        return {"mem_available": mem_available(), "shm_free": free_bytes(shm_dir)}
+    def memory(self, shm_dir: str) -> dict[str, Any]:
+        """This node's room: its memory available and the free bytes where its ranks' rings
+        go (the supervisor's memory preflight), the cores its processes may use and which
+        machine it is (agent/host.py: the standby choice)."""
+        return {
+            "mem_available": mem_available(),
+            "shm_free": free_bytes(shm_dir),
+            "cores": usable_cores(),
+            "host": host_key(),
+        }
 
     def open_ring(
         self, rank: int, metas: tuple[TensorMeta, ...], payload_nbytes: int, skel_nbytes: int
@@ -173,6 +180,10 @@ class NodeAgent:
             return False
         checksum = payload_checksum(reader.ring.payload(slot))  # damage after this is found
         if not self.store.commit_ring(rank, step, skeleton, reader, slot, checksum):
+            # Published as the node's shared memory filled: its ring closed with the move
+            # into this agent's memory, and the shard with it. Never sent to the peers, so
+            # its rank must not wait for its copies (as for one lost with the node's memory).
+            self.gate.replicated(rank, step, generation)
             return False
         # Trimmed only by the supervisor's prunes, which know what persistence and the
         # next commit still need; a ring the prunes leave full moves a shard out instead.

@@ -149,6 +149,28 @@ def test_shards_lost_with_the_nodes_memory_do_not_hold_their_rank(tmp_path):
         agent.close()
 
 
+def test_a_shard_published_as_the_rings_close_does_not_hold_its_rank(tmp_path):
+    """A rank published a step in its ring just as the node's shared memory filled: the
+    fall-back closed the ring and the shard went with it, never to be sent to the peers.
+    Its rank must not wait for those copies (the suite saw a 60 s stall, ended by the
+    stuck-copies rule), as for a shard lost with the node's memory."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from stalwart.orchestrator.agent.actor import NodeAgent
+
+    agent = NodeAgent("node-a", "job-key", shm_root=str(tmp_path / "shm"), lease_s=None)
+    try:
+        agent.set_stride(1, bounded=True)
+        agent.store.fall_back("the file system is full (test)")
+        reader = SimpleNamespace(rank=1, ring=SimpleNamespace(payload=lambda slot: np.zeros(8)))
+        assert agent._ring_shard(reader, 0, 37, 1, b"") is False
+        assert agent.gate.reached(1, 1, 37, timeout_s=0.0)[1] == (1, 37)
+    finally:
+        agent.close()
+
+
 def _no() -> bool:
     return False
 
