@@ -217,6 +217,7 @@ class WorkerPool:
             bool(spec.resources.gpu),
             {n: room for n, room in rooms.items() if n in ranks_on},
             {n: checkpoint_need(spec, k) for n, k in ranks_on.items()},
+            {n: k * max(1.0, spec.resources.cpu) for n, k in ranks_on.items()},
         )
         self._emit(
             "standby_plan",

@@ -10,13 +10,14 @@ process uses them.
 
 How many a job has per node (`choose`): failure.standby says whether, or, left unset, they
 are on for CPU jobs when every node holding ranks has the memory for them beside its
-checkpoints; failure.standbys_per_node is the most per node (2: a second fault on the same
-node before the first one's standby is started again finds one ready; on a busy node a
-start takes 5-10 s). The first of each node's start as soon as the ranks are placed, the
-others once the job has trained (they would only slow its first steps down); a used or
-lost one is started again by the next fill (the supervisor's tick). Ray cannot hand a GPU to a
-process after it started, so jobs with GPUs have none: their warm processes are
-failure.spares, each holding its GPU in its slot.
+checkpoints and its machine a core the ranks leave idle (the nodes of a local multi-node
+cluster share one machine's cores); failure.standbys_per_node is the most per node (2: a
+second fault on the same node before the first one's standby is started again finds one
+ready; on a busy node a start takes 5-10 s). The first of each node's start as soon as the
+ranks are placed, the others once the job has trained (they would only slow its first steps
+down); a used or lost one is started again by the next fill (the supervisor's tick). Ray
+cannot hand a GPU to a process after it started, so jobs with GPUs have none: their warm
+processes are failure.spares, each holding its GPU in its slot.
 """
 
 from __future__ import annotations
@@ -43,11 +44,13 @@ def choose(
     gpu: bool,
     rooms: Mapping[str, Mapping[str, Any]],
     checkpoints: Mapping[str, int],
+    busy_cores: Mapping[str, float] | None = None,
 ) -> tuple[int, str]:
     """How many standbys the job keeps per node (0: none), and why (a line for its events).
     `setting`: failure.standby (None: decide here); `per_node`: failure.standbys_per_node;
     `rooms`: what each node holding ranks has (NodeAgent.memory); `checkpoints`: the bytes
-    its checkpoints will take (0: unknown)."""
+    its checkpoints will take (0: unknown); `busy_cores`: the cores its ranks keep busy on
+    each node (a rank at least one)."""
     if gpu:
         if setting:
             why = "off although failure.standby is true: the job's workers use GPUs"
@@ -62,6 +65,12 @@ def choose(
         if not setting:
             return 0, "off (failure.standby: false)"
         return per_node, f"on: {each} (failure.standby: true)"
+    if crowded := _crowded_hosts(rooms, busy_cores or {}):
+        return 0, (
+            f"off: {'; '.join(crowded)}: a standby's start (~3 s of CPU: torch, the train "
+            "loop, DDP's warm-up) would be taken from training (failure.standby: true starts "
+            "them anyway)"
+        )
     left = {
         node: room["mem_available"] - checkpoints.get(node, 0)
         for node, room in rooms.items()
@@ -91,6 +100,29 @@ def choose(
         f"on: {each}, ~{STANDBY_BYTES / GIB:.1f} GiB each{room}{fewer} "
         "(failure.standby: false turns them off)"
     )
+
+
+def _crowded_hosts(
+    rooms: Mapping[str, Mapping[str, Any]], busy_cores: Mapping[str, float]
+) -> list[str]:
+    """The machines whose cores the job's ranks fill (less than one core idle), as lines.
+    Nodes on one machine (a local multi-node cluster: NodeAgent.memory's `host`) share its
+    cores; a node that did not say is left out."""
+    hosts: dict[str, list[str]] = {}
+    for node, room in rooms.items():
+        if room.get("cores") is not None and node in busy_cores:
+            hosts.setdefault(str(room.get("host") or node), []).append(node)
+    lines = []
+    for nodes in hosts.values():
+        cores = min(float(rooms[n]["cores"]) for n in nodes)
+        busy = sum(busy_cores[n] for n in nodes)
+        if cores - busy < 1:
+            if len(nodes) == 1:
+                where = f"node {nodes[0][:12]} has {cores:g} cores"
+            else:
+                where = f"{len(nodes)} nodes on one machine share {cores:g} cores"
+            lines.append(f"{where} and the ranks keep {busy:g} busy")
+    return sorted(lines)
 
 
 class Standbys:

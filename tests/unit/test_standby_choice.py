@@ -76,3 +76,28 @@ def test_the_checkpoints_need_is_the_footprint_sum_for_the_ranks_on_the_node():
     assert checkpoint_need(spec, 2) == 2 * GIB * 6 * 2
     unsized = JobSpec.model_validate({"name": "j", "steps": 10, "entrypoint": "m:f", "workers": 4})
     assert checkpoint_need(unsized, 2) == 0
+
+
+def _on(host: str, cores: float, gib: int = 20) -> dict:
+    return {"mem_available": gib * GIB, "cores": cores, "host": host}
+
+
+def test_ranks_that_fill_their_machines_cores_turn_them_off_naming_it():
+    """Three nodes of a local cluster on one 2-core machine, 4 ranks: a standby's start
+    would be taken from training. The same ranks on machines of their own with a core to
+    spare keep them; a node that does not say its cores does not decide."""
+    one_machine = {n: _on("m1", 2) for n in ("aaaa1111", "bbbb2222", "cccc3333")}
+    busy = {"aaaa1111": 2.0, "bbbb2222": 1.0, "cccc3333": 1.0}
+    count, why = choose(None, 2, False, one_machine, {}, busy)
+    assert count == 0
+    assert why.startswith("off: 3 nodes on one machine share 2 cores and the ranks keep 4 busy")
+    assert "failure.standby: true starts them anyway" in why
+    apart = {"aaaa1111": _on("m1", 4), "bbbb2222": _on("m2", 2), "cccc3333": _on("m3", 2)}
+    assert choose(None, 2, False, apart, {}, busy)[0] == 2
+    apart["aaaa1111"]["cores"] = 2.5  # half a core idle is not room for a start
+    count, why = choose(None, 2, False, apart, {}, busy)
+    assert (count, why.split(":")[0]) == (0, "off")
+    assert "node aaaa1111 has 2.5 cores and the ranks keep 2 busy" in why
+    assert choose(None, 2, False, {"aaaa1111": {"mem_available": 20 * GIB}}, {}, busy)[0] == 2
+    # What the spec says still wins.
+    assert choose(True, 2, False, one_machine, {}, busy)[0] == 2
