@@ -112,9 +112,9 @@ class FailureSpec(_Model):
         "or a new slot on a standby's node) instead of starting a process; costs ~0.4 GB "
         "of host memory per standby. null (the default): on for CPU jobs when every node "
         "holding ranks has the memory for one beside the checkpoints and its machine a core "
-        "the ranks leave idle, with the decision in the job's events. Not used for jobs with resources.gpu > 0: a process started "
-        "without a GPU grant cannot be handed one later (failure.spares are their warm "
-        "processes)",
+        "the ranks leave idle, with the decision in the job's events. Not used for jobs "
+        "with resources.gpu > 0: a process started without a GPU grant cannot be handed one "
+        "later (failure.spares are their warm processes)",
     )
     standbys_per_node: int = Field(
         2,
