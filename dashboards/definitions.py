@@ -416,8 +416,23 @@ def nodes() -> dict[str, Any]:
                 ),
                 "s",
                 "the supervisor's report requests to each node's agent, there and back "
-                "(health.slow_link): a delayed or lossy link stands out here, not in the "
-                "ranks' compute time",
+                "(health.slow_link): a delayed link stands out here, not in the ranks' "
+                "compute time",
+                w=12,
+            ),
+            Panel(
+                "TCP segments sent again per node",
+                "timeseries",
+                (
+                    Target(
+                        f"max by (node) (stalwart_node_link_retransmit_ratio{{{JOB}}})",
+                        "{{node}}",
+                    ),
+                ),
+                "percentunit",
+                "the share of data segments sent again on each node's links to the others, "
+                "both ends' kernel counters (health.slow_link's loss_*): a lossy link stands "
+                "out here, where round trips hardly move",
                 w=12,
             ),
             Row("GPUs"),

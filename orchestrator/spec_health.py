@@ -59,7 +59,8 @@ class StragglerSpec(_Model):
 
 class SlowLinkSpec(_Model):
     """A node's network judged by the round trips of its report requests
-    (health/slow_link.py): a delayed or lossy link names its node, not a rank."""
+    (health/slow_link.py: a delay) and by the TCP segments each node sends again
+    (health/lossy_link.py: a loss): a slow link names its node, not a rank."""
 
     policy: Literal["alert", "none"] = Field(
         "alert",
@@ -86,6 +87,23 @@ class SlowLinkSpec(_Model):
         ge=0,
         description="ignore round trips less than this many seconds over the other nodes' "
         "(a busy machine's scheduling)",
+    )
+    loss_threshold: float = Field(
+        0.01,
+        gt=0,
+        lt=1,
+        description="a link between two nodes is lossy when this share of the data segments "
+        "they sent each other was sent again (TCP retransmissions, health/lossy_link.py); a "
+        "node is flagged when all its measured links are lossy and some other link is not",
+    )
+    loss_min_segments: int = Field(
+        200,
+        ge=1,
+        description="a link is judged in a window only when its two ends sent each other at "
+        "least this many data segments",
+    )
+    loss_window_s: float = Field(
+        3.0, gt=0, description="seconds per window of TCP counters (consecutive_windows apply)"
     )
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -30,6 +29,8 @@ from stalwart.orchestrator.agent.own_store import OwnStore
 from stalwart.orchestrator.agent.raylet_watch import RayletWatch
 from stalwart.orchestrator.agent.replication import ReplicaStore, Replicator
 from stalwart.orchestrator.agent.rings import RingHub
+from stalwart.orchestrator.agent.stacks import py_spy_dump
+from stalwart.orchestrator.agent.tcp_stats import TcpStats
 from stalwart.orchestrator.chaos import actions as chaos_actions
 
 SHM_ROOT = "/dev/shm/stalwart"
@@ -64,6 +65,9 @@ class NodeAgent:
             # the ranks train ahead of it (the agent starts without torch otherwise).
             threading.Thread(target=_import_torch, daemon=True, name="import-torch").start()
         self.store_key = store_key
+        # The TCP segments this node's connections sent, and sent again, per peer: which
+        # link drops packets (supervisor/losses.py). Read at most once a second.
+        self.tcp = TcpStats()
         self._fired: set[int] = set()  # chaos faults carried out on this node's ranks
         # Shared-memory slot files when this machine has room for them (workers write into
         # them directly); otherwise shards travel through Ray and live in this process.
@@ -522,17 +526,7 @@ class NodeAgent:
     def dump_stacks(self, pid: int, timeout_s: float = 10.0) -> dict[str, Any]:
         """A process's Python stacks from the outside (py-spy), for a worker that cannot
         answer itself (its interpreter is stuck in C code holding the GIL)."""
-        try:
-            out = subprocess.run(
-                [_py_spy(), "dump", "--pid", str(pid)],
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-            )
-            text = out.stdout if out.returncode == 0 else f"py-spy failed: {out.stderr.strip()}"
-        except (OSError, subprocess.TimeoutExpired) as e:
-            text = f"py-spy failed: {e}"
-        return {"pid": pid, "via": "py-spy", "text": text}
+        return py_spy_dump(pid, timeout_s)
 
     def _shard_sigs(self) -> dict[int, str]:
         """rank -> the signature of the DTensor shards its snapshots hold (ranks holding the
@@ -578,18 +572,14 @@ class NodeAgent:
                 "gpus": self.gpu.report(),
                 "gpu_probe": self.gpu.kind,
                 "gpu_probe_error": self.gpu.error,
+                "ip": self.tcp.ip(),
+                "tcp": self.tcp.report(),
             }
 
 
 def _signature_of(store: Any, rank: int, steps: list[int]) -> str | None:
     snap = store.get(rank, max(steps)) if steps else None
     return shard_signature(bytes(snap.skeleton)) if snap is not None else None
-
-
-def _py_spy() -> str:
-    """py-spy from this interpreter's environment (Ray installs it), else from PATH."""
-    here = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    return here if os.path.exists(here) else "py-spy"
 
 
 def _import_torch() -> None:

@@ -241,6 +241,13 @@ DEFINITIONS: tuple[MetricDef, ...] = (
         "its longest; health.slow_link)",
         ("node",),
     ),
+    MetricDef(
+        "stalwart_node_link_retransmit_ratio",
+        "gauge",
+        "the share of data segments sent again on a node's links to the other nodes, both "
+        "ends' counters together (latest window; health.slow_link's loss_*)",
+        ("node",),
+    ),
     MetricDef("stalwart_slow_links_flagged_total", "counter", "slow link flags raised"),
     MetricDef(
         "stalwart_replication_sent_bytes_total", "counter", "bytes of shards sent to peers' memory"

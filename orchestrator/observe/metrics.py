@@ -363,11 +363,19 @@ class JobMetrics:
             for node, seconds in rtt_s.items():
                 self._("stalwart_node_link_round_trip_seconds", node).set(seconds)
 
+    def link_losses(self, rates: Mapping[str, float]) -> None:
+        """Each judged node's share of data segments sent again on its links (health/
+        lossy_link.py's window)."""
+        with self._lock:
+            for node, rate in rates.items():
+                self._("stalwart_node_link_retransmit_ratio", node).set(rate)
+
     def forget_node(self, node: str) -> None:
         """A lost node: its GPUs' readings and its round trip go (their counters stay, as
         history)."""
         with self._lock:
             self._remove("stalwart_node_link_round_trip_seconds", node)
+            self._remove("stalwart_node_link_retransmit_ratio", node)
             for n, index in [k for k in self._gpus if k[0] == node]:
                 for name in GPU_GAUGES:
                     self._remove(name, n, str(index))

@@ -236,7 +236,11 @@ def print_summary(console: Console, result: dict[str, Any]) -> None:
             "slow links",
             ", ".join(
                 f"node {s['node'][:12]} (ranks {', '.join(map(str, s['ranks']))}: "
-                f"{s['rtt_s'] * 1000:.0f} ms, {s['score']:.1f}x)"
+                + (
+                    f"{s['loss']:.1%} of segments sent again)"
+                    if s.get("signal") == "loss"
+                    else f"{s['rtt_s'] * 1000:.0f} ms, {s['score']:.1f}x)"
+                )
                 for s in result["slow_links"]
             ),
         )

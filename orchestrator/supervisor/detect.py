@@ -19,13 +19,16 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from stalwart.health.hang_timeout import HangTimeouts
+from stalwart.health.lossy_link import LossConfig
 from stalwart.health.observations import Budget, FailureKind, WorkerFailure
 from stalwart.health.policy import Action
 from stalwart.health.slow_link import LinkConfig
 from stalwart.health.straggler import straggler_decision
+from stalwart.orchestrator.agent.tcp_stats import TcpStats
 from stalwart.orchestrator.observe.metrics import JobMetrics
 from stalwart.orchestrator.spec import JobSpec
 from stalwart.orchestrator.supervisor.links import LinkWatch
+from stalwart.orchestrator.supervisor.losses import LossWatch
 from stalwart.orchestrator.supervisor.monitor import HealthMonitor
 from stalwart.orchestrator.supervisor.poller import ReportPoller
 from stalwart.orchestrator.supervisor.pool import NODE_PING_TIMEOUT_S, ActorGone, WorkerPool
@@ -61,6 +64,19 @@ class Detection:
             LinkConfig(link.threshold, link.window, link.consecutive_windows, link.min_excess_s),
             enabled=link.policy != "none",
         )
+        # The supervisor's node counts its own connections' segments (its agent, if any,
+        # reports the same ones).
+        own = TcpStats()
+        self.losses = LossWatch(
+            LossConfig(
+                link.loss_threshold,
+                link.loss_min_segments,
+                link.loss_window_s,
+                link.consecutive_windows,
+            ),
+            enabled=link.policy != "none",
+            own=(ray.get_runtime_context().get_node_id(), own.ip() or "", own.sample),
+        )
         self.poller = ReportPoller(
             lambda node: pool.agents[node].report.remote(), self.monitor, self.links.round_trip
         )
@@ -87,6 +103,7 @@ class Detection:
         if (alive := self.ray_nodes.take()) is not None:
             self.monitor.ray_states(alive)
         failures: list[WorkerFailure] = []
+        self.losses.absorb(reports)
         with self._lock:
             for rep in reports:
                 for rank, beat in rep["beats"].items():
@@ -151,6 +168,7 @@ class Detection:
         self.metrics.forget_node(node)
         self.poller.forget(node)
         self.links.forget(node)
+        self.losses.forget(node)
         self.checkpoints.forget_node(node)
         self._emit("node_lost", node=node, ranks=ranks, spares_lost=spares_lost, reason=reason)
         return [
@@ -305,7 +323,9 @@ class Detection:
 
     def slow_links(self, now: float) -> None:
         """New and cleared slow link flags: events, a flag kept for the result, and every
-        node's round trip as a gauge. Never a failure (health/slow_link.py)."""
+        node's round trip and share of segments sent again as gauges. Never a failure
+        (health/slow_link.py, health/lossy_link.py)."""
+        self._lossy_links(now)
         verdict = self.links.judge(now)
         if verdict is None:
             return
@@ -313,15 +333,46 @@ class Detection:
         report = self.links.report
         self.metrics.link_round_trips(report.rtt_s)
         for node in cleared:
-            self._emit("slow_link_cleared", node=node, rtt_s=report.rtt_s.get(node))
+            self._emit(
+                "slow_link_cleared", node=node, signal="round_trip", rtt_s=report.rtt_s.get(node)
+            )
         for node in new:
             others = [v for n, v in report.rtt_s.items() if n != node]
             flag = {
                 "node": node,
+                "signal": "round_trip",
                 "ranks": self.monitor.ranks_on(node),
                 "rtt_s": report.rtt_s[node],
                 "peers_rtt_s": round(statistics.median(others), 4) if others else None,
                 "score": report.scores[node],
+                "at": now,
+            }
+            self.link_flags.append(flag)
+            self._emit(
+                "slow_link",
+                **flag,
+                reason=reason,
+                decision="alert only: the node's ranks compute as fast as their peers, and "
+                "moving them would not move its link (health.slow_link)",
+            )
+
+    def _lossy_links(self, now: float) -> None:
+        verdict = self.losses.judge(now)
+        if verdict is None:
+            return
+        new, cleared, reason = verdict
+        rates = self.losses.last.node_rates
+        self.metrics.link_losses(rates)
+        for node in cleared:
+            self._emit("slow_link_cleared", node=node, signal="loss", loss=rates.get(node))
+        for node in new:
+            others = [v for n, v in rates.items() if n != node]
+            flag = {
+                "node": node,
+                "signal": "loss",
+                "ranks": self.monitor.ranks_on(node),
+                "loss": rates.get(node),
+                "peers_loss": round(statistics.median(others), 4) if others else None,
                 "at": now,
             }
             self.link_flags.append(flag)
