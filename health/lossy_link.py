@@ -29,7 +29,7 @@ Pair = tuple[str, str]  # (a, b) with a < b
 @dataclass(frozen=True)
 class LossConfig:
     threshold: float = 0.01
-    min_segments: int = 200
+    min_segments: int = 100
     window_s: float = 3.0
     consecutive_windows: int = 2
 
@@ -39,6 +39,7 @@ class LossWindow:
     rates: dict[Pair, float] = field(default_factory=dict)  # measured pairs: sent again / sent
     named: tuple[str, ...] = ()
     node_rates: dict[str, float] = field(default_factory=dict)  # each node's, over its pairs
+    segments: dict[Pair, int] = field(default_factory=dict)  # every pair's, measured or not
 
 
 def pair_counts(views: Mapping[str, Mapping[str, tuple[int, int]]]) -> dict[Pair, list[int]]:
@@ -60,10 +61,9 @@ def lossy_window(
     views: Mapping[str, Mapping[str, tuple[int, int]]], config: LossConfig
 ) -> LossWindow:
     """The window's verdict: each measured pair's rate and the nodes it names."""
+    counts = pair_counts(views)
     rates = {
-        pair: again / sent
-        for pair, (sent, again) in pair_counts(views).items()
-        if sent >= config.min_segments
+        pair: again / sent for pair, (sent, again) in counts.items() if sent >= config.min_segments
     }
     lossy = {pair for pair, rate in rates.items() if rate >= config.threshold}
     nodes = sorted({n for pair in rates for n in pair})
@@ -75,7 +75,12 @@ def lossy_window(
         clean_elsewhere = any(p not in lossy for p in rates if node not in p)
         if len(mine) >= 2 and all(p in lossy for p in mine) and clean_elsewhere:
             named.append(node)
-    return LossWindow({p: round(r, 4) for p, r in rates.items()}, tuple(named), node_rates)
+    return LossWindow(
+        {p: round(r, 4) for p, r in rates.items()},
+        tuple(named),
+        node_rates,
+        {p: sent for p, (sent, _) in counts.items()},
+    )
 
 
 def lossy_nodes(windows: list[LossWindow], config: LossConfig) -> tuple[tuple[str, ...], str]:

@@ -97,7 +97,7 @@ class SlowLinkSpec(_Model):
         "node is flagged when all its measured links are lossy and some other link is not",
     )
     loss_min_segments: int = Field(
-        200,
+        100,
         ge=1,
         description="a link is judged in a window only when its two ends sent each other at "
         "least this many data segments",

@@ -150,6 +150,15 @@ def test_a_job_rides_out_loss_a_short_cut_and_a_flapping_link(netns, cache, tmp_
     assert _of(events, "node_lost") == [] and _of(events, "hang") == []
     flap = verdict.faults[2]
     assert flap.noticed.startswith("3 window(s)")
+    # The lossy link is named (health/lossy_link.py) by the TCP segments sent again on its
+    # node's links, which its round trips did not show: rank 1's node, first, and cleared.
+    lossy = [e for e in _of(events, "slow_link") if e["signal"] == "loss"]
+    assert lossy and 1 in lossy[0]["ranks"], lossy
+    assert lossy[0]["loss"] >= 0.01 and lossy[0]["loss"] > 2 * lossy[0]["peers_loss"], lossy[0]
+    assert "sent again" in lossy[0]["reason"] and "alert only" in lossy[0]["decision"]
+    cleared = [e for e in _of(events, "slow_link_cleared") if e["signal"] == "loss"]
+    assert lossy[0]["node"] in [e["node"] for e in cleared], cleared
+    assert lossy[0]["node"] in {s["node"] for s in result["slow_links"] if s["signal"] == "loss"}
 
 
 def test_a_delayed_link_slows_the_job_and_nothing_is_replaced(netns, cache, tmp_path):
@@ -162,12 +171,17 @@ def test_a_delayed_link_slows_the_job_and_nothing_is_replaced(netns, cache, tmp_
     assert result["failures"] == [] and result["generations"] == 1
     for kind in ("node_lost", "hang", "straggler"):
         assert _of(events, kind) == [], kind
-    [slow] = _of(events, "slow_link")
+    [slow] = [e for e in _of(events, "slow_link") if e["signal"] == "round_trip"]
     assert 1 in slow["ranks"], slow  # delay.yaml's rank
+    # The delay's first round trips may be sent again (TCP's timer fires before the first
+    # delayed answers): if that reads as a lossy link, it is the same node's.
+    assert {e["node"] for e in _of(events, "slow_link")} == {slow["node"]}
     assert slow["rtt_s"] >= 0.2 > slow["peers_rtt_s"] * 3, slow
     assert "alert only" in slow["decision"]
-    assert [s["node"] for s in result["slow_links"]] == [slow["node"]]
-    [cleared] = _of(events, "slow_link_cleared")
+    assert [s["node"] for s in result["slow_links"] if s["signal"] == "round_trip"] == [
+        slow["node"]
+    ]
+    [cleared] = [e for e in _of(events, "slow_link_cleared") if e["signal"] == "round_trip"]
     assert cleared["node"] == slow["node"] and cleared["ts"] > slow["ts"]
     rates = sorted(e["steps_per_s"] for e in _of(events, "throughput") if e.get("steps_per_s"))
     assert rates[0] < rates[len(rates) // 2] / 3, rates  # the delayed stretch
