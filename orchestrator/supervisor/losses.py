@@ -63,7 +63,10 @@ class LossWatch:
                 self._agent_on_own |= self._own is not None and rep["node"] == self._own[0]
 
     def forget(self, node: str) -> None:
-        """A lost node: its counters and its flag go (no clearing event)."""
+        """A lost node: its counters, its flag and its address go (no clearing event; a
+        node that joins later at that address, a restarted raylet, is a node of its own)."""
+        for address in [a for a, n in self._node_of.items() if n == node]:
+            del self._node_of[address]
         self._counts.pop(node, None)
         self._start.pop(node, None)
         self._calm.pop(node, None)

@@ -105,6 +105,14 @@ def test_nodes_sharing_one_address_are_not_judged():
     assert watch.judge(6.0)[0] == [] and watch.last.rates == {}
 
 
+def test_a_lost_nodes_address_is_free_for_the_node_that_takes_it_next():
+    watch = LossWatch(CFG)
+    watch.absorb([_report("a", "10.0.0.1", {}), _report("b", "10.0.0.2", {})])
+    watch.forget("b")
+    watch.absorb([_report("b2", "10.0.0.2", {})])  # a restarted raylet, the same address
+    assert watch._node_of == {"10.0.0.1": "a", "10.0.0.2": "b2"} and not watch._shared
+
+
 def test_the_kernels_counters_are_read_for_real_connections():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
