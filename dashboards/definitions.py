@@ -430,9 +430,9 @@ def nodes() -> dict[str, Any]:
                     ),
                 ),
                 "percentunit",
-                "the share of data segments sent again on each node's links to the others, "
-                "both ends' kernel counters (health.slow_link's loss_*): a lossy link stands "
-                "out here, where round trips hardly move",
+                "the share of the data segments each node sent to other addresses that it "
+                "sent again (its kernel's TCP counters, health.slow_link's loss_*): a lossy "
+                "link stands out here, where round trips hardly move",
                 w=12,
             ),
             Row("GPUs"),

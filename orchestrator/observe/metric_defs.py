@@ -244,8 +244,10 @@ DEFINITIONS: tuple[MetricDef, ...] = (
     MetricDef(
         "stalwart_node_link_retransmit_ratio",
         "gauge",
-        "the share of data segments sent again on a node's links to the other nodes, both "
-        "ends' counters together (latest window; health.slow_link's loss_*)",
+        "the share of the data segments a node sent to other machines' addresses that it "
+        "sent again (TCP retransmissions, its kernel's counters, the latest window of "
+        "health.slow_link.loss_window_s); which node a lossy link is on: the slow_link "
+        "events with signal loss",
         ("node",),
     ),
     MetricDef("stalwart_slow_links_flagged_total", "counter", "slow link flags raised"),

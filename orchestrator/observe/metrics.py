@@ -364,8 +364,8 @@ class JobMetrics:
                 self._("stalwart_node_link_round_trip_seconds", node).set(seconds)
 
     def link_losses(self, rates: Mapping[str, float]) -> None:
-        """Each judged node's share of data segments sent again on its links (health/
-        lossy_link.py's window)."""
+        """Each node's share of the data segments it sent again in the last window (its
+        own TCP counters, every peer: supervisor/losses.py)."""
         with self._lock:
             for node, rate in rates.items():
                 self._("stalwart_node_link_retransmit_ratio", node).set(rate)

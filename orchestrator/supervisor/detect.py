@@ -362,7 +362,7 @@ class Detection:
             return
         new, cleared, reason = verdict
         rates = self.losses.last.node_rates
-        self.metrics.link_losses(rates)
+        self.metrics.link_losses(self.losses.sent_again)
         for node in cleared:
             self._emit("slow_link_cleared", node=node, signal="loss", loss=rates.get(node))
         for node in new:

@@ -40,6 +40,9 @@ class LossWatch:
         self._calm: dict[str, int] = {}  # flagged node -> windows in a row without its name
         self.flagged: dict[str, float] = {}  # node -> when it was flagged
         self.last: LossWindow = LossWindow()
+        # Each reporting node's own share of data segments sent again in the last window,
+        # to every peer (what its kernel counts, whether or not its peers can be told apart).
+        self.sent_again: dict[str, float] = {}
         self._agent_on_own = False
         if own is not None:
             self._address(own[1], own[0])
@@ -87,18 +90,25 @@ class LossWatch:
         if now - self._window_at < self.config.window_s:
             return None
         views: dict[str, dict[str, tuple[int, int]]] = {}
+        self.sent_again = {}
         for observer, counts in self._counts.items():
             before = self._start.get(observer)
             if before is None:
                 continue
             view = views.setdefault(observer, {})
+            total = [0, 0]
             for address, (sent, again) in counts.items():
+                s0, a0 = before.get(address, (0, 0))
+                grown = (max(0, sent - s0), max(0, again - a0))
+                total[0] += grown[0]
+                total[1] += grown[1]
                 peer = self._node_of.get(address)
                 if peer is None or address in self._shared:
                     continue
-                s0, a0 = before.get(address, (0, 0))
                 s1, a1 = view.get(peer, (0, 0))
-                view[peer] = (s1 + max(0, sent - s0), a1 + max(0, again - a0))
+                view[peer] = (s1 + grown[0], a1 + grown[1])
+            if total[0]:
+                self.sent_again[observer] = round(total[1] / total[0], 4)
         self._window_at, self._start = now, dict(self._counts)
         self.last = lossy_window(views, self.config)
         self._windows.append(self.last)

@@ -91,6 +91,8 @@ def test_the_watch_turns_addresses_into_nodes_flags_once_and_clears():
         verdict = watch.judge(5.0 * t)
         if verdict is not None:
             events.append((verdict[0], verdict[1]))
+        if t == 2:  # each node's own share of segments sent again, every peer
+            assert watch.sent_again == {"a": 0.0167, "b": 0.05, "c": 0.0167, "s": 0.0167}
         advance(lossy)
     # The first judge opens the window; then one verdict per window.
     assert events == [([], []), (["b"], []), ([], []), ([], []), ([], []), ([], ["b"])]
