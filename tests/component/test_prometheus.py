@@ -3,6 +3,7 @@ stalwart's rules loaded: the metrics are there, and the alerts for the faults fi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -38,11 +39,29 @@ def prometheus(tmp_path, file_sd):
     assert not (tmp_path / "prometheus" / "data").exists()
 
 
+_STARTED: list[tuple[str, threading.Thread]] = []
+
+
 def _run_in_background(run, spec):
     box: dict = {}
     job = threading.Thread(target=lambda: box.update(result=run(spec)), daemon=True)
     job.start()
+    _STARTED.append((spec["name"], job))
     return job, box
+
+
+@pytest.fixture(autouse=True)
+def _no_job_left_running():
+    """A test that fails while its job runs (a long one, cancelled only once everything
+    was checked) cancels it on the way out: left polling from a thread of this process,
+    it broke the Ray driver state of every later test in the session (their supervisors
+    "died unexpectedly", 14 failures after one here)."""
+    yield
+    while _STARTED:
+        name, job = _STARTED.pop()
+        if job.is_alive():
+            with contextlib.suppress(Exception):
+                _cancel(name, job)
 
 
 def _cancel(name: str, job: threading.Thread) -> None:
