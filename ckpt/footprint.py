@@ -152,11 +152,9 @@ def _meminfo_available(meminfo: str) -> int | None:
 NO_LIMIT = 1 << 60  # cgroup v1 reports "no limit" as a number near 2**63
 
 
-def cgroup_room(root: str = "/sys/fs/cgroup", self_cgroup: str = "/proc/self/cgroup") -> int | None:
-    """What this process's memory cgroup allows beyond its use (the limit, less the usage
-    that cannot be reclaimed: the inactive page cache is left out); None without a limit.
-    cgroup v2 (memory.max) or v1 (memory/memory.limit_in_bytes), at the process's own
-    cgroup (/proc/self/cgroup) or, in a container's namespace, the root."""
+def own_cgroups(controller: str, self_cgroup: str = "/proc/self/cgroup") -> tuple[str, str]:
+    """This process's cgroup paths: (its cgroup v2 path, its v1 path for `controller`),
+    each "" where /proc/self/cgroup names none."""
     v2, v1 = "", ""
     try:
         with open(self_cgroup) as f:
@@ -164,10 +162,19 @@ def cgroup_room(root: str = "/sys/fs/cgroup", self_cgroup: str = "/proc/self/cgr
                 _, controllers, path = line.rstrip("\n").split(":", 2)
                 if controllers == "":
                     v2 = path
-                elif "memory" in controllers.split(","):
+                elif controller in controllers.split(","):
                     v1 = path
     except (OSError, ValueError):
         pass
+    return v2, v1
+
+
+def cgroup_room(root: str = "/sys/fs/cgroup", self_cgroup: str = "/proc/self/cgroup") -> int | None:
+    """What this process's memory cgroup allows beyond its use (the limit, less the usage
+    that cannot be reclaimed: the inactive page cache is left out); None without a limit.
+    cgroup v2 (memory.max) or v1 (memory/memory.limit_in_bytes), at the process's own
+    cgroup (/proc/self/cgroup) or, in a container's namespace, the root."""
+    v2, v1 = own_cgroups("memory", self_cgroup)
     v2_files = ("memory.max", "memory.current", "inactive_file")
     v1_root = os.path.join(root, "memory")
     v1_files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")

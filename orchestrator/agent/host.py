@@ -10,6 +10,8 @@ import hashlib
 import os
 import socket
 
+from stalwart.ckpt.footprint import own_cgroups
+
 
 def usable_cores(cgroup: str = "/sys/fs/cgroup", self_cgroup: str = "/proc/self/cgroup") -> float:
     """The cores this process may run on: its CPU affinity, or less where its CPU cgroup (a
@@ -27,17 +29,7 @@ def cgroup_cpus(
 ) -> float | None:
     """The CPUs this process's cgroup grants (quota / period); None without a limit. Its own
     cgroup, then the namespace's root (a container's)."""
-    v2, v1 = "", ""
-    try:
-        with open(self_cgroup) as f:
-            for line in f:
-                _, controllers, path = line.rstrip("\n").split(":", 2)
-                if controllers == "":
-                    v2 = path
-                elif "cpu" in controllers.split(","):
-                    v1 = path
-    except (OSError, ValueError):
-        pass
+    v2, v1 = own_cgroups("cpu", self_cgroup)
     for path in (v2, "/"):
         try:
             with open(os.path.join(root, path.lstrip("/"), "cpu.max")) as f:

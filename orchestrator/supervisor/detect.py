@@ -347,14 +347,7 @@ class Detection:
                 "score": report.scores[node],
                 "at": now,
             }
-            self.link_flags.append(flag)
-            self._emit(
-                "slow_link",
-                **flag,
-                reason=reason,
-                decision="alert only: the node's ranks compute as fast as their peers, and "
-                "moving them would not move its link (health.slow_link)",
-            )
+            self._flag_link(flag, reason)
 
     def _lossy_links(self, now: float) -> None:
         verdict = self.losses.judge(now)
@@ -375,14 +368,18 @@ class Detection:
                 "peers_loss": round(statistics.median(others), 4) if others else None,
                 "at": now,
             }
-            self.link_flags.append(flag)
-            self._emit(
-                "slow_link",
-                **flag,
-                reason=reason,
-                decision="alert only: the node's ranks compute as fast as their peers, and "
-                "moving them would not move its link (health.slow_link)",
-            )
+            self._flag_link(flag, reason)
+
+    def _flag_link(self, flag: dict[str, Any], reason: str) -> None:
+        """A slow link flag (either signal): kept for the result, and its event."""
+        self.link_flags.append(flag)
+        self._emit(
+            "slow_link",
+            **flag,
+            reason=reason,
+            decision="alert only: the node's ranks compute as fast as their peers, and "
+            "moving them would not move its link (health.slow_link)",
+        )
 
     # --- GPUs -------------------------------------------------------------------------------
 
