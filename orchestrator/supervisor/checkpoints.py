@@ -130,6 +130,8 @@ class Checkpoints:
         self.replicas_held.pop(node, None)
         self.replication.pop(node, None)
         self.plan.holds.pop(node, None)
+        if self.persister is not None:
+            self.persister.writer_lost(node)
 
     def _holders(self, step: int) -> dict[int, list[str]]:
         """rank -> the live nodes whose memory holds its shard of `step` (own or copy)."""

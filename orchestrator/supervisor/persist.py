@@ -13,8 +13,9 @@ on, and the older complete checkpoints stay valid.
 Fencing: every write is the job's generation's, the one running when it started. The
 agents name their files for it (``__R_0.genG.distcp``) and the manifest records it. A
 recovery fences the generation off (`fence`): a step it was still writing is dropped
-(`persist_fenced`) and never gets a manifest, so its files (an agent cut off by a partition
-may still write them after the heal) are listed by none and pruned with their directory;
+(`persist_fenced`; at once when a node writing it is lost, `writer_lost`) and never gets
+a manifest, so its files (an agent cut off by a partition may still write them after the
+heal) are listed by none and pruned with their directory;
 unless the step is at or below the restore step (the job's history, the same bytes
 whichever generation wrote it) and every node writing it is alive: then the new generation
 adopts it (``adopted_by`` in the manifest).
@@ -156,6 +157,28 @@ class Persister:
             reason=f"step {job['step']}'s write by generation {job['generation']} dropped: "
             f"generation {generation} restarts{restart}; no manifest will list the files "
             "its nodes still write",
+        )
+
+    def writer_lost(self, node: str) -> None:
+        """`node`, lost, was writing shards of the step in flight: that write cannot complete
+        (its agent is stopped) and no fence would adopt it, so it is dropped now, at the
+        loss, not when the next generation starts: by then the other writers' answers (a
+        failing target's retries running out) would have turned it into a `persist_failed`,
+        and which came first would depend on how long the recovery took."""
+        with self._lock:
+            job = self._in_flight
+            if job is None or job.get("committing") or node not in job.get("refs", {}).values():
+                return
+            self._in_flight = None
+        self._emit(
+            "persist_fenced",
+            path="durable",
+            step=job["step"],
+            generation=job["generation"],
+            node=node,
+            reason=f"step {job['step']}'s write by generation {job['generation']} dropped: "
+            f"node {node[:12]}, writing shards of it, was lost; no manifest will list the "
+            "files its nodes still write",
         )
 
     def poll(self) -> None:

@@ -133,8 +133,10 @@ def test_a_partitioned_nodes_ranks_are_replaced_and_the_healed_node_is_not_rejoi
     placed = [r["node"] for e in _of(events, "replaced") for r in e["ranks"].values()]
     assert placed and lost["node"] not in placed
     # The write of step 40, retrying against the failed storage when the cut came, was
-    # generation 1's: the recovery dropped it, and the store holds only steps committed by
-    # the generation running then (the verdict read it).
+    # generation 1's, the cut-off node one of its writers: dropped when the node was found
+    # lost (not left for the other writers' retries to run out into a persist_failed), and
+    # the store holds only steps committed by the generation running then (the verdict
+    # read it).
     [dropped] = _of(events, "persist_fenced")
     assert dropped["generation"] == 1 and dropped["path"] == "durable"
     [fenced] = [c for c in verdict.checks if c.name == "no write from a fenced generation"]

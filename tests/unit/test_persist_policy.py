@@ -186,3 +186,26 @@ def test_a_write_of_the_jobs_history_by_live_nodes_is_adopted(tmp_path):
         job["refs"] = {"ref": "node-a"}
         q.fence(3, restore_step=restore, lost=lost)
         assert [e for e, _ in events] == ["persist_fenced"] and q.idle()
+
+
+def test_a_write_by_a_node_lost_is_dropped_at_the_loss_not_at_the_next_generation(tmp_path):
+    # The other writers' answers (retries against a failing target running out) must not
+    # turn it into a persist_failed first, however long the recovery takes.
+    p, job, records, events = _writing(tmp_path, generation=2)
+    job["refs"] = {"ref-a": "node-a", "ref-b": "node-b"}
+    p.writer_lost("node-c")  # not writing it: nothing
+    assert events == [] and not p.idle()
+    p.writer_lost("node-b")
+    [(kind, event)] = events
+    assert kind == "persist_fenced" and event["path"] == "durable"
+    assert event["step"] == 10 and event["generation"] == 2 and event["node"] == "node-b"
+    assert "node node-b, writing shards of it, was lost" in event["reason"]
+    assert p.idle() and p.failures == 0
+    p.fence(3, restore_step=12)  # the next generation's fence: nothing left to drop
+    p._finish(job, records)  # the live writer's answer, late: nothing is committed
+    assert len(events) == 1 and p.store.split_complete([10]) == ([], [10])
+    # One already committing (its check passed) is kept.
+    q, job, _, events = _writing(tmp_path / "q", generation=2)
+    job["refs"], job["committing"] = {"ref-a": "node-a"}, True
+    q.writer_lost("node-a")
+    assert events == [] and not q.idle()
