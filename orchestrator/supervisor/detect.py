@@ -169,8 +169,8 @@ class Detection:
         self.poller.forget(node)
         self.links.forget(node)
         self.losses.forget(node)
-        self.checkpoints.forget_node(node)
         self._emit("node_lost", node=node, ranks=ranks, spares_lost=spares_lost, reason=reason)
+        self.checkpoints.forget_node(node)  # after: a write it drops names the loss
         return [
             WorkerFailure(
                 FailureKind.NODE_LOST, rank, node, now, step=self.step_of(rank), message=reason
