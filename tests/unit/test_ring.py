@@ -354,7 +354,9 @@ def test_a_ring_closed_under_the_last_snapshot_is_handed_it_again_at_the_drain(t
         t = threading.Thread(target=lambda: pipe_drained.append(pipe.drain(10)))
         t.start()
         _until(lambda: len(node.hub._readers) == 1)  # drain opened a new ring
-        node.hub.poll()
+        # The hub's work, its thread stopped: the snapshot may reach the new ring after
+        # the ring was registered, so it looks until the drain is answered.
+        _until(lambda: node.hub.poll() >= 0 and not t.is_alive())
         t.join(10)
         assert pipe_drained == [True] and node.store.stored()[0] == [5]
     finally:
