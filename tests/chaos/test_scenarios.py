@@ -39,7 +39,16 @@ ALL = sorted(p.stem for p in EXAMPLES.glob("*.yaml") if p.name != "job.yaml")
 NETWORK = sorted(n for n in ALL if load_scenario(EXAMPLES / f"{n}.yaml").cluster.network == "netns")
 # The faults of Ray itself need the local cluster the runner starts: test_ray_faults.py.
 RAY = sorted(n for n in ALL if load_scenario(EXAMPLES / f"{n}.yaml").ray_faults())
-SCENARIOS = [name for name in ALL if name != "kill-worker" and name not in NETWORK + RAY]
+# A run -> the scenarios whose faults it holds, one after the other (their own runs would
+# repeat it, each paying a job's start: the suite runs the one, a user either).
+HELD = {"rank-faults": ("kill-during-snapshot", "hang", "nan-loss", "gpu-xid")}
+SCENARIOS = [
+    name
+    for name in ALL
+    if name != "kill-worker"
+    and name not in NETWORK + RAY
+    and not any(name in held for held in HELD.values())
+]
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +81,14 @@ def _kill_worker(result, events, verdict):
     assert result["steps_completed"] == result["total_steps"]
 
 
-def _hang(result, events, verdict):
-    [f] = result["failures"]
+def _hang(part):
+    [f] = part.failures
     assert (f["kind"], f["rank"], f["injected"]) == ("hung", 2, True)
     assert f["detected_after_s"] <= 5.0 + 1.0, f  # health.hang_timeout_s + a poll
-    [hang] = _of(events, "hang")
+    assert f["steps_redone"] <= 1, f
+    [hang] = part.of("hang")
     assert hang["culprits"] == [2] and sorted(hang["waiting"]) == [0, 1, 3]
-    [stacks] = _of(events, "stacks")
+    [stacks] = part.of("stacks")
     assert sorted(map(int, stacks["files"])) == [0, 1, 2, 3]
     assert "hang_forever" in Path(stacks["files"]["2"]).read_text()
     waiting = Path(stacks["files"]["0"]).read_text()
@@ -124,14 +134,14 @@ def _kill_node(result, events, verdict):
     assert result["replication"]["copies"] == 2
 
 
-def _gpu_xid(result, events, verdict):
-    [fatal] = _of(events, "gpu_fatal")
+def _gpu_xid(part):
+    [fatal] = part.of("gpu_fatal")
     node = fatal["node"]
     assert "Xid 79" in fatal["reason"]
-    assert [c["node"] for c in result["cordoned"]] == [node]
-    assert {f["kind"] for f in result["failures"]} == {"gpu_fatal"}
-    assert sorted(f["rank"] for f in result["failures"]) == sorted(fatal["ranks"])
-    [replaced] = _of(events, "replaced")
+    assert [c["node"] for c in part.result["cordoned"]] == [node]
+    assert {f["kind"] for f in part.failures} == {"gpu_fatal"}
+    assert sorted(f["rank"] for f in part.failures) == sorted(fatal["ranks"])
+    [replaced] = part.of("replaced")
     assert all(r["node"] != node for r in replaced["ranks"].values())
 
 
@@ -196,14 +206,15 @@ def _storage_unavailable(result, events, verdict):
     assert inside is None or inside.step < failed[0]["step"]
 
 
-def _nan_loss(result, events, verdict):
-    [f] = result["failures"]
-    assert (f["kind"], f["rank"], f["step"], f["injected"]) == ("loss_not_finite", 2, 50, True)
-    [decision] = _of(events, "decision")
+def _nan_loss(part):
+    [f] = part.failures
+    at = part.fault["at_step"]
+    assert (f["kind"], f["rank"], f["step"], f["injected"]) == ("loss_not_finite", 2, at, True)
+    [decision] = part.of("decision")
     assert decision["action"] == "restart_group" and "roll back 1 of 3" in decision["reason"]
-    assert _of(events, "replaced") == []  # every worker stays
-    gen2 = _of(events, "generation")[1]
-    assert gen2["restore_step"] <= 50 and set(gen2["restore_tiers"]) == {"memory"}
+    assert part.of("replaced") == []  # every worker stays
+    [gen] = part.of("generation")
+    assert gen["restore_step"] <= at and set(gen["restore_tiers"]) == {"memory"}
 
 
 def _replica_holder_loss(result, events, verdict):
@@ -233,27 +244,51 @@ def _kill_during_persist(result, events, verdict):
     assert [e for e in _of(events, "persisted") if e["step"] > fault["step"]]
 
 
-def _kill_during_snapshot(result, events, verdict):
-    [fault] = _of(events, "fault_injected")
+def _kill_during_snapshot(part):
+    [fault] = part.of("fault_injected")
     assert (fault["during"], fault["rank"]) == ("snapshot", 1) and fault["step"] >= 30
-    [f] = result["failures"]
+    [f] = part.failures
     assert (f["kind"], f["rank"], f["injected"]) == ("worker_died", 1, True)
     # The torn shard was never committed: the restore is of an earlier step.
-    gen2 = _of(events, "generation")[1]
-    assert gen2["restore_step"] < fault["step"], (gen2, fault)
+    [gen] = part.of("generation")
+    assert gen["restore_step"] < fault["step"], (gen, fault)
 
 
-EXTRA = {
+class Part:
+    """What fault `index` of a chaos run caused: its failures, and the events from its
+    injection up to the next fault's (a run of several faults, one after the other, checks
+    each as its own scenario would)."""
+
+    def __init__(self, result: dict, events: list[dict], sc, index: int):
+        marks = sorted(
+            (e["ts"], e["index"])
+            for e in events
+            if e["type"] in ("fault_injected", "fault_recalled")
+        )
+        begin = next(ts for ts, i in marks if i == index)
+        end = min((ts for ts, i in marks if ts > begin), default=float("inf"))
+        self.events = [e for e in events if begin <= e["ts"] < end]
+        self.failures = [f for f in result["failures"] if f.get("fault_index") == index]
+        self.fault, self.result = sc.faults[index], result
+
+    def of(self, kind: str) -> list[dict]:
+        return _of(self.events, kind)
+
+
+# Scenarios whose faults come one after the other in one job: checked by fault (Part).
+BY_FAULT = {
     "kill-during-snapshot": _kill_during_snapshot,
+    "hang": _hang,
+    "nan-loss": _nan_loss,
+    "gpu-xid": _gpu_xid,
+}
+EXTRA = {
     "kill-during-persist": _kill_during_persist,
     "replica-holder-loss": _replica_holder_loss,
-    "nan-loss": _nan_loss,
     "storage-unavailable": _storage_unavailable,
     "kill-worker": _kill_worker,
-    "hang": _hang,
     "kill-node": _kill_node,
     "kill-raylet": _kill_raylet,
-    "gpu-xid": _gpu_xid,
     "kill-supervisor": _kill_supervisor,
     "corrupt-shard": _corrupt_shard,
     "full-shm": _full_shm,
@@ -288,7 +323,16 @@ def test_every_example_scenario_is_run():
     from tests.chaos.test_network import RUN
     from tests.chaos.test_ray_faults import RAY_RUN
 
-    assert set(SCENARIOS) | {"kill-worker"} | set(NETWORK) | set(RAY) == set(ALL)
+    held = {n for names in HELD.values() for n in names}
+    assert set(SCENARIOS) | {"kill-worker"} | set(NETWORK) | set(RAY) | held == set(ALL)
+    assert set(HELD) <= set(SCENARIOS) and set(BY_FAULT) == held
+    # A run holding others has their faults, in order, and nothing else.
+    for run, names in HELD.items():
+        faults = load_scenario(EXAMPLES / f"{run}.yaml").faults
+        own = [f for n in names for f in load_scenario(EXAMPLES / f"{n}.yaml").faults]
+        assert [(f["kind"], f["rank"], f.get("during")) for f in faults] == [
+            (f["kind"], f["rank"], f.get("during")) for f in own
+        ]
     assert len(ALL) >= 12 and set(RAY) == set(RAY_RUN)
     # Each network scenario runs there, alone or within one that holds its faults.
     assert set(NETWORK) == set(RUN) | {n for covered in RUN.values() for n in covered}
@@ -333,6 +377,8 @@ def test_example_scenario_passes(name, cluster, cache, tmp_path):
     assert suite.get("failures") == "0" and int(suite.get("tests")) == len(verdict.checks)
     if name in EXTRA:
         EXTRA[name](result, events, verdict)
+    for index, held in enumerate(HELD.get(name, ())):
+        BY_FAULT[held](Part(result, events, sc, index))
     if name == "storm":
         assert len(verdict.faults) >= 12
         during = [r for r, f in zip(verdict.faults, sc.faults, strict=True) if f.get("during")]
