@@ -164,10 +164,13 @@ class Persister:
         (its agent is stopped) and no fence would adopt it, so it is dropped now, at the
         loss, not when the next generation starts: by then the other writers' answers (a
         failing target's retries running out) would have turned it into a `persist_failed`,
-        and which came first would depend on how long the recovery took."""
+        and which came first would depend on how long the recovery took. A write whose
+        shards are all written already (its manifest next) is kept."""
         with self._lock:
             job = self._in_flight
-            if job is None or job.get("committing") or node not in job.get("refs", {}).values():
+            if job is None or job.get("committing") or job.get("phase") == "manifest":
+                return
+            if node not in job.get("refs", {}).values():
                 return
             self._in_flight = None
         self._emit(

@@ -204,8 +204,9 @@ def test_a_write_by_a_node_lost_is_dropped_at_the_loss_not_at_the_next_generatio
     p.fence(3, restore_step=12)  # the next generation's fence: nothing left to drop
     p._finish(job, records)  # the live writer's answer, late: nothing is committed
     assert len(events) == 1 and p.store.split_complete([10]) == ([], [10])
-    # One already committing (its check passed) is kept.
-    q, job, _, events = _writing(tmp_path / "q", generation=2)
-    job["refs"], job["committing"] = {"ref-a": "node-a"}, True
-    q.writer_lost("node-a")
-    assert events == [] and not q.idle()
+    # One whose shards are all written (its manifest next), or already committing, is kept.
+    for state in ({"phase": "manifest"}, {"committing": True}):
+        q, job, _, events = _writing(tmp_path / str(len(state)) / next(iter(state)), 2)
+        job.update(refs={"ref-a": "node-a"}, **state)
+        q.writer_lost("node-a")
+        assert events == [] and not q.idle()
