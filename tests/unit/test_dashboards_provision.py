@@ -1,4 +1,5 @@
-"""`stalwart dashboards export|push` (dashboards/provision.py, orchestrator/cli_dashboards.py).
+"""`stalwart dashboards export|push` (dashboards/provision.py, dashboards/grafana_api.py,
+orchestrator/cli_dashboards.py).
 
 There is no Grafana here: `push` talks to a small fake on 127.0.0.1 that implements the
 endpoints grafana-client calls for it (GET /api/frontend/settings, GET /api/datasources,
@@ -23,7 +24,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from stalwart.dashboards import provision
+from stalwart.dashboards import grafana_api
 from stalwart.dashboards.provision import (
     PROVISIONING_FILE,
     ConfigError,
@@ -698,7 +699,7 @@ def test_the_token_does_not_show_itself(token, tmp_path):
     assert held.reveal() == token
     assert token not in repr(held) and token not in str(held) and token not in f"{held!r}"
     assert repr(held) == "Token(from GRAFANA_TOKEN, redacted)"
-    auth = provision._bearer_auth(held)
+    auth = grafana_api._bearer_auth(held)
     assert token not in repr(auth)
     with pytest.raises(TypeError):
         pickle.dumps(held)
