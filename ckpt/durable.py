@@ -32,7 +32,8 @@ Guarantees:
   Anything wrong raises ``CorruptCheckpoint`` with a one-line reason; ``newest_valid``
   walks back to the newest step that verifies and says why each newer one was skipped.
 * I/O errors (``OSError``, ENOSPC included) are retried with exponential backoff; when the
-  retries are used up ``DurableError`` names the path and the last error. A missing file is
+  retries are used up ``DurableError`` names the path and the last error
+  (ckpt/durable_io.py: the retries, the atomic writes, the chaos outage). A missing file is
   not an I/O error: it is a verification failure, reported at once.
 """
 
@@ -41,14 +42,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import logging
-import os
 import posixpath
 import re
 import time
-import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from fsspec.core import url_to_fs
@@ -56,6 +54,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from stalwart.ckpt import dcp_format, legacy_shard
 from stalwart.ckpt.dcp_format import CheckpointMismatch, rebuild_snapshot
+from stalwart.ckpt.durable_io import StorageIO
 from stalwart.ckpt.hashed_io import CHUNK, hash_rest  # noqa: F401 (CHUNK: re-exported)
 from stalwart.ckpt.manifest import (  # noqa: F401 (the durable tier's names, re-exported)
     MANIFEST_FORMAT,
@@ -68,10 +67,7 @@ from stalwart.ckpt.manifest import (  # noqa: F401 (the durable tier's names, re
 )
 from stalwart.ckpt.snapshot import Snapshot
 
-log = logging.getLogger(__name__)
-
 _STEP_DIR = re.compile(r"step-(\d+)")
-_T = TypeVar("_T")
 
 
 def parse_uri(uri: str) -> tuple[Any, str]:
@@ -88,16 +84,6 @@ def step_name(step: int) -> str:
 
 def _join(*parts: str) -> str:
     return posixpath.join(*[p for p in parts if p])
-
-
-def _fsync_dir(path: str) -> None:
-    """Make a rename in `path` durable (best effort: not every platform can)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 class DurableStore:
@@ -125,13 +111,10 @@ class DurableStore:
         self.job = job
         self.retries = retries
         self.backoff_s = backoff_s
-        self._clock = clock
-        self._sleep = sleep
         self.fs, root = parse_uri(uri)
         self.local = isinstance(self.fs, LocalFileSystem)
         self.root = _join(root, job)
-        self._down_until: float | None = None
-        self._down_for = 0.0
+        self.io = StorageIO(self.fs, self._show, retries, backoff_s, clock, sleep)
 
     # -- paths and messages ---------------------------------------------------------------
 
@@ -158,74 +141,13 @@ class DurableStore:
     def _corrupt(self, step: int, reason: str) -> CorruptCheckpoint:
         return CorruptCheckpoint(step, reason, self._show(self.step_dir(step)))
 
-    # -- chaos and retries ----------------------------------------------------------------
+    # -- chaos -------------------------------------------------------------------------
 
     def fail_for(self, seconds: float) -> None:
         """Chaos: every storage operation fails with OSError for the next `seconds`."""
-        self._down_for = seconds
-        self._down_until = self._clock() + seconds
-
-    def _check_up(self) -> None:
-        if self._down_until is not None:
-            if self._clock() < self._down_until:
-                raise OSError(f"storage unavailable (injected by chaos for {self._down_for:g} s)")
-            self._down_until = None
-
-    def _retry(self, what: str, path: str, op: Callable[[], _T], missing_ok: bool = False) -> _T:
-        """Run `op`, retrying OSError with backoff. With missing_ok, FileNotFoundError is
-        not an I/O failure: it propagates at once for the caller to handle."""
-        last: OSError | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                self._sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                self._check_up()
-                return op()
-            except OSError as e:
-                if missing_ok and isinstance(e, FileNotFoundError):
-                    raise
-                last = e
-            log.warning(
-                "%s %s failed (attempt %d of %d): %s",
-                what,
-                self._show(path),
-                attempt + 1,
-                self.retries + 1,
-                last,
-            )
-        raise DurableError(
-            f"{what} {self._show(path)} failed after {self.retries + 1} attempts: {last}"
-        ) from last
+        self.io.fail_for(seconds)
 
     # -- writing ------------------------------------------------------------------------
-
-    def _write(self, path: str, produce: Callable[[Any], _T]) -> _T:
-        """One attempt at writing `path` with `produce(file)`; never leaves a partial file
-        under the final name on a local file system."""
-        directory, name = posixpath.split(path)
-        if self.local:
-            os.makedirs(directory, exist_ok=True)
-            tmp = _join(directory, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
-            try:
-                with open(tmp, "wb") as f:
-                    result = produce(f)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-            _fsync_dir(directory)
-            return result
-        self.fs.makedirs(directory, exist_ok=True)
-        try:
-            with self.fs.open(path, "wb") as f:
-                return produce(f)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                self.fs.rm_file(path)
-            raise
 
     def write_rank(
         self, step: int, rank: int, snapshot: Snapshot, generation: int | None = None
@@ -241,7 +163,7 @@ class DurableStore:
         def produce(f) -> dict[str, Any]:
             return dcp_format.write_rank(f.write, snapshot, plan, rank, generation)
 
-        return self._retry("writing shard", path, lambda: self._write(path, produce))
+        return self.io.retry("writing shard", path, lambda: self.io.write(path, produce))
 
     def write_shard(self, step: int, rank: int, snapshot: Snapshot) -> ShardRecord:
         """Write `rank`'s shard of `step` in format 1 (ckpt/legacy_shard.py: what steps
@@ -255,7 +177,7 @@ class DurableStore:
             nbytes, sha = legacy_shard.write_shard_file(f, self.job, step, rank, snapshot)
             return ShardRecord(rank, name, nbytes, sha)
 
-        return self._retry("writing shard", path, lambda: self._write(path, produce))
+        return self.io.retry("writing shard", path, lambda: self.io.write(path, produce))
 
     def write_manifest(
         self,
@@ -283,7 +205,7 @@ class DurableStore:
             where = self._show(self.step_dir(step))
             index = dcp_format.metadata_bytes(entries, planner, where)
             path = _join(self.step_dir(step), dcp_format.METADATA_NAME)
-            self._put("writing DCP metadata", step, path, index)
+            self.io.put("writing DCP metadata", path, index)
             dcp = {
                 "metadata": {
                     "file": dcp_format.METADATA_NAME,
@@ -305,20 +227,8 @@ class DurableStore:
             sharded,
         )
         data = manifest.to_json().encode()  # not JSON-serializable extra: TypeError here
-        self._put("writing manifest", step, _join(self.step_dir(step), MANIFEST_NAME), data)
+        self.io.put("writing manifest", _join(self.step_dir(step), MANIFEST_NAME), data)
         return manifest
-
-    def _put(self, what: str, step: int, path: str, data: bytes) -> None:
-        """Write a small file whole: atomically on a local file system, one put elsewhere."""
-        if self.local:
-            self._retry(what, path, lambda: self._write(path, lambda f: f.write(data)))
-            return
-
-        def put() -> None:
-            self.fs.makedirs(self.step_dir(step), exist_ok=True)
-            self.fs.pipe(path, data)
-
-        self._retry(what, path, put)
 
     # -- listing and verifying ----------------------------------------------------------
 
@@ -330,7 +240,7 @@ class DurableStore:
             return self.fs.ls(self.root, detail=True)
 
         try:
-            entries = self._retry("listing", self.root, ls, missing_ok=True)
+            entries = self.io.retry("listing", self.root, ls, missing_ok=True)
         except FileNotFoundError:
             return []
         out = []
@@ -343,7 +253,7 @@ class DurableStore:
     def manifest(self, step: int) -> Manifest:
         path = _join(self.step_dir(step), MANIFEST_NAME)
         try:
-            raw = self._retry("reading manifest", path, lambda: self.fs.cat_file(path), True)
+            raw = self.io.retry("reading manifest", path, lambda: self.fs.cat_file(path), True)
         except FileNotFoundError:
             raise self._corrupt(
                 step, f"no {MANIFEST_NAME} (partial checkpoint: its writers did not finish)"
@@ -402,7 +312,7 @@ class DurableStore:
             return int(self.fs.info(path)["size"])
 
         try:
-            size = self._retry("checking shard", path, stat, missing_ok=True)
+            size = self.io.retry("checking shard", path, stat, missing_ok=True)
         except FileNotFoundError:
             raise self._corrupt(step, f"{what} is missing") from None
         if size != rec.nbytes:
@@ -421,7 +331,7 @@ class DurableStore:
             return h.hexdigest()
 
         try:
-            sha = self._retry("hashing shard", path, digest, missing_ok=True)
+            sha = self.io.retry("hashing shard", path, digest, missing_ok=True)
         except FileNotFoundError:
             raise self._corrupt(step, f"{what} is missing") from None
         if sha != rec.sha256:
@@ -463,7 +373,7 @@ class DurableStore:
             raise self._corrupt(step, f"manifest lists no shard of rank {rank}")
         path = self._shard_path(step, rec)
         try:
-            header, payload = self._retry(
+            header, payload = self.io.retry(
                 "reading shard", path, lambda: self._read(step, rec, path), missing_ok=True
             )
         except FileNotFoundError:
@@ -516,7 +426,7 @@ class DurableStore:
                 return f.read(length)
 
         try:
-            data = self._retry("reading", path, read, missing_ok=True)
+            data = self.io.retry("reading", path, read, missing_ok=True)
         except FileNotFoundError:
             raise self._corrupt(step, f"{file} is missing") from None
         if len(data) != length:
@@ -575,9 +485,9 @@ class DurableStore:
             # The manifest goes first: a step half-deleted by a crash is incomplete, never a
             # "complete" step with shards missing.
             with contextlib.suppress(FileNotFoundError):
-                self._retry("deleting", manifest, lambda p=manifest: self.fs.rm_file(p), True)
+                self.io.retry("deleting", manifest, lambda p=manifest: self.fs.rm_file(p), True)
             with contextlib.suppress(FileNotFoundError):
-                self._retry("deleting", d, lambda p=d: self.fs.rm(p, recursive=True), True)
+                self.io.retry("deleting", d, lambda p=d: self.fs.rm(p, recursive=True), True)
         if doomed:
             self.fs.invalidate_cache(self.root)
         return doomed

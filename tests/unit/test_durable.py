@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import stalwart.ckpt.durable as durable
+import stalwart.ckpt.durable_io as durable_io
 from stalwart.ckpt.durable import (
     CHUNK,
     CorruptCheckpoint,
@@ -291,7 +292,7 @@ def test_large_payload_is_streamed_in_chunks(tmp_path, make_store, monkeypatch):
             return self.f.write(data)
 
     monkeypatch.setattr(
-        durable, "open", lambda p, m: Recording(real_open(p, m), 0, enospc()), raising=False
+        durable_io, "open", lambda p, m: Recording(real_open(p, m), 0, enospc()), raising=False
     )
     rec = store.write_shard(1, 0, snap)
     monkeypatch.undo()
@@ -638,7 +639,7 @@ def test_transient_local_errors_are_retried(tmp_path, make_store, monkeypatch, s
         budget = 100 if len(attempts) <= 2 else 1 << 40
         return FailingFile(real_open(path, mode), budget, OSError(errno.EIO, "I/O error"))
 
-    monkeypatch.setattr(durable, "open", flaky_open, raising=False)
+    monkeypatch.setattr(durable_io, "open", flaky_open, raising=False)
     snap, state = make_snapshot(6)
     rec = store.write_shard(6, 0, snap)
     assert sleeper.calls == [0.5, 1.0]
@@ -658,7 +659,7 @@ def test_failed_local_write_leaves_neither_temp_nor_partial_file(tmp_path, make_
         temps.append(path)
         return FailingFile(real_open(path, mode), 1000, OSError(errno.EIO, "I/O error"))
 
-    monkeypatch.setattr(durable, "open", failing_open, raising=False)
+    monkeypatch.setattr(durable_io, "open", failing_open, raising=False)
     with pytest.raises(DurableError, match="I/O error"):
         store.write_shard(8, 0, snap_for(8, 0))
     monkeypatch.undo()
@@ -675,7 +676,7 @@ def test_failed_fsync_removes_the_temp_file(tmp_path, make_store, monkeypatch):
     def no_fsync(fd):
         raise enospc()
 
-    monkeypatch.setattr(durable.os, "fsync", no_fsync)
+    monkeypatch.setattr(durable_io.os, "fsync", no_fsync)
     with pytest.raises(DurableError, match="No space left"):
         store.write_shard(2, 0, snap_for(2, 0))
     monkeypatch.undo()
@@ -687,7 +688,7 @@ def test_full_disk_keeps_the_older_checkpoint_valid(tmp_path, make_store, monkey
     written = write_step(store, 10, world_size=2)
     real_open = open
     monkeypatch.setattr(
-        durable,
+        durable_io,
         "open",
         lambda path, mode: FailingFile(real_open(path, mode), 100, enospc()),
         raising=False,
@@ -796,9 +797,9 @@ def test_prune_counts_a_step_with_a_damaged_shard_as_complete(uri, make_store):
 
 
 def test_ckpt_never_imports_the_orchestrator_or_ray():
-    tree = ast.parse(Path(durable.__file__).read_text())
     names = set()
-    for node in ast.walk(tree):
+    trees = [ast.parse(Path(m.__file__).read_text()) for m in (durable, durable_io)]
+    for node in (n for tree in trees for n in ast.walk(tree)):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
