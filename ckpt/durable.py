@@ -50,7 +50,6 @@ from typing import Any
 
 import numpy as np
 from fsspec.core import url_to_fs
-from fsspec.implementations.local import LocalFileSystem
 
 from stalwart.ckpt import dcp_format, legacy_shard
 from stalwart.ckpt.dcp_format import CheckpointMismatch, rebuild_snapshot
@@ -112,9 +111,9 @@ class DurableStore:
         self.retries = retries
         self.backoff_s = backoff_s
         self.fs, root = parse_uri(uri)
-        self.local = isinstance(self.fs, LocalFileSystem)
         self.root = _join(root, job)
         self.io = StorageIO(self.fs, self._show, retries, backoff_s, clock, sleep)
+        self.local = self.io.local  # a local file system (paths shown as they are)
 
     # -- paths and messages ---------------------------------------------------------------
 

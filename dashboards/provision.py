@@ -29,15 +29,14 @@ from typing import Any
 import yaml
 
 from stalwart.dashboards.__main__ import render
-from stalwart.dashboards.grafana_api import (  # noqa: F401 (the errors and the token: re-exported)
-    TOKEN_ENV,
+from stalwart.dashboards.grafana_api import (
     ConfigError,
     GrafanaError,
     ProvisionError,
     Token,
     _Grafana,
     _Target,
-    read_token,
+    read_token,  # noqa: F401 (the CLI's, with the errors and the token, from here)
 )
 
 FOLDER = "stalwart"

@@ -149,15 +149,7 @@ class Persister:
                 return
             self._in_flight = None
         restart = "" if restore_step is None else f" from step {restore_step}"
-        self._emit(
-            "persist_fenced",
-            path="durable",
-            step=job["step"],
-            generation=job["generation"],
-            reason=f"step {job['step']}'s write by generation {job['generation']} dropped: "
-            f"generation {generation} restarts{restart}; no manifest will list the files "
-            "its nodes still write",
-        )
+        self._dropped(job, f"generation {generation} restarts{restart}")
 
     def writer_lost(self, node: str) -> None:
         """`node`, lost, was writing shards of the step in flight: that write cannot complete
@@ -173,15 +165,18 @@ class Persister:
             if node not in job.get("refs", {}).values():
                 return
             self._in_flight = None
+        self._dropped(job, f"node {node[:12]}, writing shards of it, was lost", node=node)
+
+    def _dropped(self, job: dict[str, Any], why: str, **fields: Any) -> None:
+        """The `persist_fenced` event of a write taken out of flight (`fence`, `writer_lost`)."""
         self._emit(
             "persist_fenced",
             path="durable",
             step=job["step"],
             generation=job["generation"],
-            node=node,
+            **fields,
             reason=f"step {job['step']}'s write by generation {job['generation']} dropped: "
-            f"node {node[:12]}, writing shards of it, was lost; no manifest will list the "
-            "files its nodes still write",
+            f"{why}; no manifest will list the files its nodes still write",
         )
 
     def poll(self) -> None:
