@@ -94,7 +94,8 @@ class SlowLinkSpec(_Model):
         lt=1,
         description="a link between two nodes is lossy when this share of the data segments "
         "they sent each other was sent again (TCP retransmissions, health/lossy_link.py); a "
-        "node is flagged when all its measured links are lossy and some other link is not",
+        "node is flagged when most of its measured links are lossy, and all of them "
+        "together, while most other links are not",
     )
     loss_min_segments: int = Field(
         100,

@@ -42,6 +42,12 @@ SHUTDOWN_GRACE_S = 2.0  # SIGTERM to SIGKILL when the whole cluster stops
 PREFIX = "stw"  # of every namespace, link and nft table this module makes
 TABLE = "stalwart_chaos"  # the nft table a fault adds in a node's namespace
 START_TIMEOUT_S = 60.0
+# Each frame a sender hands its link is one wire packet, as a real NIC puts them on a cable:
+# without, TCP hands the veth 64 KiB segmentation-offload bundles that cross the bridge
+# whole, so a loss fault there drops dozens of segments at once, a burst that a lossy cable
+# or port never makes (and that leaves one pair's share of segments sent again at 0.2 % and
+# the next's at 8 % in one window).
+ONE_FRAME_PER_SKB = ("gso_max_segs", "1")
 
 
 class NetnsError(Exception):
@@ -146,7 +152,7 @@ class NetnsCluster:
         self._logs.mkdir(parents=True, exist_ok=True)
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"{self.head_ip}/24", "dev", self.bridge)
-        _run("ip", "link", "set", self.bridge, "up")
+        _run("ip", "link", "set", self.bridge, "up", *ONE_FRAME_PER_SKB)
         with socket.socket() as s:  # a free port on the bridge's address for the GCS
             s.bind((self.head_ip, 0))
             self.port = s.getsockname()[1]
@@ -173,7 +179,7 @@ class NetnsCluster:
         )
         _run("ip", "link", "set", node.veth, "master", self.bridge, "up")
         _run("ip", "addr", "add", f"{node.ip}/24", "dev", "eth0", ns=node.ns)
-        _run("ip", "link", "set", "eth0", "up", ns=node.ns)
+        _run("ip", "link", "set", "eth0", "up", *ONE_FRAME_PER_SKB, ns=node.ns)
         _run("ip", "link", "set", "lo", "up", ns=node.ns)
         # No default route: the /24 is all a node reaches. With one, the name lookups its
         # processes make (torch's store logs each client's host name) would go to this

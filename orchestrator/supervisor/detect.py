@@ -359,13 +359,13 @@ class Detection:
         for node in cleared:
             self._emit("slow_link_cleared", node=node, signal="loss", loss=rates.get(node))
         for node in new:
-            others = [v for n, v in rates.items() if n != node]
             flag = {
                 "node": node,
                 "signal": "loss",
                 "ranks": self.monitor.ranks_on(node),
                 "loss": rates.get(node),
-                "peers_loss": round(statistics.median(others), 4) if others else None,
+                # On the links between its peers (health/lossy_link.py).
+                "peers_loss": self.losses.last.rest_rates.get(node),
                 "at": now,
             }
             self._flag_link(flag, reason)

@@ -37,6 +37,29 @@ def test_the_node_on_every_lossy_link_is_named_and_its_peers_are_not():
     assert w.node_rates["b"] == 0.05 and w.node_rates["a"] == pytest.approx(0.0167, abs=1e-4)
 
 
+def test_a_burst_that_leaves_one_link_of_the_lossy_node_clean_names_it_and_not_its_peer():
+    """A window read off a 4-node job with 5 % loss on node b's link: b's link to a read
+    clean by chance (the losses came in bursts), its link to c carried most of the data.
+    b is named (2 of its 3 measured links lossy, 3.8 % over all of them); c is not, though
+    its one lossy link, to b, carried most of its data too (1 of 2; a and c each sent s
+    too few segments to be measured)."""
+    views = {
+        "a": {"b": (1200, 3), "c": (1100, 0), "s": (60, 0)},
+        "b": {"a": (1287, 2), "c": (4300, 210), "s": (110, 4)},
+        "c": {"a": (1236, 0), "b": (4381, 215), "s": (100, 0)},
+        "s": {"a": (76, 0), "b": (106, 3), "c": (96, 0)},
+    }
+    w = lossy_window(views, CFG)
+    assert w.named == ("b",)
+    assert w.links == {"a": (0, 2), "b": (2, 3), "c": (1, 2), "s": (1, 1)}
+    assert w.node_rates["b"] == pytest.approx(0.0384, abs=1e-4)
+    assert w.node_rates["c"] >= CFG.threshold  # its share is high; it is not named
+    named, why = lossy_nodes([w, w], CFG)
+    assert named == ("b",) and "sent again 3.8% of the data segments" in why
+    assert "(2 of its 3 measured links lossy, threshold 1.0%; 0.0% on the links" in why
+    assert w.rest_rates["b"] == 0.0 and w.rest_rates["c"] == pytest.approx(0.0044, abs=1e-4)
+
+
 def test_both_ends_of_a_pair_count_and_small_pairs_are_not_judged():
     pairs = pair_counts({"a": {"b": (100, 3)}, "b": {"a": (150, 4), "b": (9, 9)}})
     assert pairs == {("a", "b"): [250, 7]}
