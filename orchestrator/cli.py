@@ -525,6 +525,7 @@ from stalwart.orchestrator.cli_jobs import fetch_run_dir as _fetch_run_dir  # no
 from stalwart.orchestrator.cli_jobs import list_jobs as _list_jobs  # noqa: E402
 from stalwart.orchestrator.cli_jobs import stop as _stop  # noqa: E402
 from stalwart.orchestrator.cli_jobs import submit as _submit  # noqa: E402
+from stalwart.orchestrator.cli_simulate import simulate as _simulate  # noqa: E402
 from stalwart.orchestrator.cli_spec import schema as _schema  # noqa: E402
 from stalwart.orchestrator.cli_spec import validate as _validate  # noqa: E402
 from stalwart.orchestrator.cli_verify import verify as _verify  # noqa: E402
@@ -539,6 +540,7 @@ main.add_command(_submit)
 main.add_command(_stop)
 main.add_command(_list_jobs)
 main.add_command(_fetch_run_dir)
+main.add_command(_simulate)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    BaseModel,
     Discriminator,
     Field,
     StrictInt,
@@ -398,6 +399,20 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     for text in overrides:
         set_path(data, *parse_override(text))
     return data
+
+
+def load_model(path: str | Path, model: type[BaseModel], overrides: list[str] = ()) -> Any:
+    """A YAML file read, `overrides` (key.path=value) applied and checked as `model`:
+    SpecError names the file and every bad field (chaos and simulation scenarios)."""
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else type(data).__name__
+        raise SpecError(str(path), [f"expected a mapping at the top level, got {got}"])
+    data = apply_overrides(data, list(overrides))
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(str(path), [_format_error(err) for err in e.errors()]) from None
 
 
 def validate(data: Any, source: str = "<spec>") -> JobSpec:

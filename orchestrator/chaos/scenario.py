@@ -41,6 +41,7 @@ from stalwart.orchestrator.spec import (
     SpecError,
     _format_error,
     apply_overrides,
+    load_model,
     read_yaml,
     validate,
 )
@@ -258,17 +259,8 @@ def _spec_path(sc: Scenario) -> Path:
 def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
     """Read and check a scenario file; SpecError names every bad field. `overrides`
     (key.path=value) apply to the scenario, e.g. `job.set=[...]` or `seed=3`."""
-    path = Path(path)
-    data = read_yaml(path)
-    if not isinstance(data, dict):
-        got = "an empty file" if data is None else type(data).__name__
-        raise SpecError(str(path), [f"expected a mapping at the top level, got {got}"])
-    data = apply_overrides(data, list(overrides))
-    try:
-        sc = Scenario.model_validate(data)
-    except ValidationError as e:
-        raise SpecError(str(path), [_format_error(err) for err in e.errors()]) from None
-    sc.source = path.resolve()
+    sc = load_model(path, Scenario, list(overrides))
+    sc.source = Path(path).resolve()
     return sc
 
 

@@ -1,0 +1,100 @@
+"""The strategies stalwart is measured against, in the same model, each as its published
+shape: what it does with every failure, and what it pays while nothing fails.
+
+- restart-storage (TorchElastic, Ray Train): the world restarts and loads the newest
+  checkpoint from storage, saved every interval (by default Young's optimum,
+  sqrt(2 x MTBF x save stall)); training pauses for each save.
+- gemini: the same world restart, from checkpoints kept in CPU memory every few minutes.
+- replica-group (torchft, FT-HSDP): the failed replica group drops out; every group stalls
+  while the quorum changes, and the group's share of throughput is lost until it rejoins.
+- standby-switch (TrainMover): a standby takes the failed machine's place; the job resumes
+  from its last checkpoint without a world restart.
+"""
+
+from __future__ import annotations
+
+import math
+
+from stalwart.orchestrator.simulate.failures import Failure, mtbf_s
+from stalwart.orchestrator.simulate.outcome import Outcome
+from stalwart.orchestrator.simulate.scenario import Scenario
+
+
+def optimal_interval(sc: Scenario) -> float:
+    """Young's first-order optimum: sqrt(2 x MTBF x the cost of one save)."""
+    return math.sqrt(2 * mtbf_s(sc) * max(sc.costs.restart_storage.save_stall_s, 1e-9))
+
+
+def _world_restart(
+    out: Outcome,
+    sc: Scenario,
+    failures: list[Failure],
+    restore_s: float,
+    interval: float,
+    stall: float,
+    restart_s: float,
+) -> Outcome:
+    c = sc.costs.restart_storage
+    step_s = sc.job.step_time_s
+    resume = 0.0
+    for f in failures:
+        at = max(f.at, resume)
+        out.interruptions += 1
+        detect = c.hang_detect_s if f.kind == "hang" else c.detect_s
+        redone = min((at - resume) % (interval + stall), interval)
+        out.lose("detection", detect)
+        out.lose("restart", restart_s)
+        out.lose("restore", restore_s)
+        out.lose("redone", redone)
+        out.steps_redone += math.ceil(redone / step_s)
+        out.recoveries_s.append(detect + restart_s + restore_s)
+        resume = at + detect + restart_s + restore_s + redone
+    training = out.horizon_s - sum(out.lost.values())
+    out.lose("checkpoint", max(0.0, training) * stall / (interval + stall))
+    return out
+
+
+def restart_storage(sc: Scenario, seed: int, failures: list[Failure]) -> Outcome:
+    c = sc.costs.restart_storage
+    interval = optimal_interval(sc) if c.interval_s == "optimal" else c.interval_s
+    out = Outcome("restart-storage", seed, sc.job.days * 86_400.0)
+    return _world_restart(out, sc, failures, c.load_s, interval, c.save_stall_s, c.restart_s)
+
+
+def gemini(sc: Scenario, seed: int, failures: list[Failure]) -> Outcome:
+    g = sc.costs.gemini
+    out = Outcome("gemini", seed, sc.job.days * 86_400.0)
+    restart = sc.costs.restart_storage.restart_s
+    return _world_restart(out, sc, failures, g.restore_s, g.interval_s, 0.0, restart)
+
+
+def replica_group(sc: Scenario, seed: int, failures: list[Failure]) -> Outcome:
+    r = sc.costs.replica_group
+    out = Outcome("replica-group", seed, sc.job.days * 86_400.0)
+    resume = 0.0
+    for f in failures:
+        at = max(f.at, resume)
+        out.interruptions += 1
+        out.lose("restart", r.stall_s)  # every group waits for the new quorum
+        out.lose("cold_start", r.rejoin_s / r.groups)  # one group's share, until it rejoins
+        out.recoveries_s.append(r.stall_s)
+        resume = at + r.stall_s
+    return out
+
+
+def standby_switch(sc: Scenario, seed: int, failures: list[Failure]) -> Outcome:
+    s, c = sc.costs.standby_switch, sc.costs.restart_storage
+    out = Outcome("standby-switch", seed, sc.job.days * 86_400.0)
+    resume = 0.0
+    for f in failures:
+        at = max(f.at, resume)
+        out.interruptions += 1
+        detect = c.hang_detect_s if f.kind == "hang" else c.detect_s
+        redone = (at - resume) % s.interval_s
+        out.lose("detection", detect)
+        out.lose("restart", s.switch_s)
+        out.lose("redone", redone)
+        out.steps_redone += math.ceil(redone / sc.job.step_time_s)
+        out.recoveries_s.append(detect + s.switch_s)
+        resume = at + detect + s.switch_s + redone
+    return out

@@ -1,0 +1,44 @@
+"""The failures of one simulated run: a Poisson process per cause over the cluster's GPUs,
+each failure put on a node and a GPU at random. Every strategy of a seed meets the same
+failures (common random numbers: their differences are the strategies', not the draw's)."""
+
+from __future__ import annotations
+
+import random
+from typing import NamedTuple
+
+from stalwart.orchestrator.simulate.scenario import Scenario
+
+DAY_S = 86_400.0
+
+
+class Failure(NamedTuple):
+    at: float  # seconds into the run
+    cause: str
+    kind: str
+    node: int
+    gpu: int  # on its node
+
+
+def draw(sc: Scenario, seed: int) -> list[Failure]:
+    rng = random.Random(seed)
+    causes = [c for c in sc.failures.rates() if c.per_gpu_day > 0]
+    per_s = [c.per_gpu_day * sc.cluster.gpus / DAY_S for c in causes]
+    total = sum(per_s)
+    horizon = sc.job.days * DAY_S
+    out: list[Failure] = []
+    if total == 0:
+        return out
+    t = rng.expovariate(total)
+    while t < horizon:
+        c = rng.choices(causes, weights=per_s)[0]
+        node = rng.randrange(sc.cluster.nodes)
+        out.append(Failure(t, c.name, c.kind, node, rng.randrange(sc.cluster.gpus_per_node)))
+        t += rng.expovariate(total)
+    return out
+
+
+def mtbf_s(sc: Scenario) -> float:
+    """The cluster's mean time between failures, from the rates."""
+    per_day = sum(c.per_gpu_day for c in sc.failures.rates()) * sc.cluster.gpus
+    return DAY_S / per_day if per_day else float("inf")

@@ -1,0 +1,175 @@
+"""stalwart's answer to every failure of a run, and what it costs.
+
+Its decisions are the live supervisor's: each failure becomes the WorkerFailures its
+detectors would report (health/observations.py), found after the time its detector takes
+(the heartbeat timeout, the NVML probe, Ray's death notice, the hang timeout that
+health/hang_timeout.py derives from the step time), and health/policy.py `decide` answers
+them with the job's restart budget and its nodes' history (the flapping rule). A
+replacement takes a warm spare node while one is ready (refilled after use) or waits for a
+cold node; its ranks restore from a peer's copy, unless the node that held it was lost in
+the same window (ckpt/replicas.py's groups), when the job falls back to durable storage.
+(The baselines, in the same model: baselines.py.)
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from stalwart.ckpt.replicas import peers
+from stalwart.health.hang_timeout import HangPolicy, HangTimeouts, derive
+from stalwart.health.observations import Budget, FailureKind, WorkerFailure
+from stalwart.health.policy import Action, PolicyConfig, decide
+from stalwart.orchestrator.simulate.failures import Failure
+from stalwart.orchestrator.simulate.outcome import Outcome
+from stalwart.orchestrator.simulate.scenario import Scenario
+
+KINDS = {
+    "gpu": FailureKind.GPU_FATAL,
+    "node": FailureKind.NODE_LOST,
+    "network": FailureKind.NODE_LOST,
+    "process": FailureKind.WORKER_DIED,
+    "hang": FailureKind.HUNG,
+    "numeric": FailureKind.LOSS_NOT_FINITE,
+}
+NODE_WIDE = {"node", "network"}  # every rank of the node goes with it
+
+
+def hang_timeouts(sc: Scenario) -> HangTimeouts:
+    c = sc.costs.stalwart
+    if c.hang_timeout_s is not None:
+        return HangTimeouts.fixed(c.hang_timeout_s)
+    policy = HangPolicy(floor_s=c.hang_floor_s, factor=c.hang_factor)
+    return derive(policy, sc.job.step_time_s, steps_seen=policy.min_steps)
+
+
+class Stalwart:
+    """One run of stalwart's answers (state: the budget, the nodes' history, the spares)."""
+
+    def __init__(self, sc: Scenario, seed: int, policy: PolicyConfig | None = None):
+        self.sc, self.c = sc, sc.costs.stalwart
+        self.policy = policy or PolicyConfig(
+            flap_failures=self.c.flap_failures, flap_window_s=self.c.flap_window_s
+        )
+        self.hang_s = hang_timeouts(sc).step_s
+        names = [f"node-{i}" for i in range(sc.cluster.nodes)]
+        self.peers = peers(names, self.c.replicas)
+        self.rng = random.Random(seed * 7919 + 1)
+        self.out = Outcome("stalwart", seed, sc.job.days * 86_400.0)
+        self._restarts = 0
+        self._loss_steps: tuple[int, ...] = ()
+        self._history: list[tuple[str, float]] = []
+        self._spares = [0.0] * self.c.spares  # when each spare node is (again) ready
+        self._lost_until: dict[str, float] = {}  # node -> until when its copies are gone
+
+    def detection(self, kind: str) -> float:
+        c = self.c
+        return {
+            "gpu": c.gpu_probe_s,
+            "node": c.heartbeat_timeout_s,
+            "network": c.heartbeat_timeout_s,
+            "process": c.death_notice_s,
+            "hang": self.hang_s,
+            "numeric": self.sc.job.step_time_s,
+        }[kind]
+
+    def run(self, failures: list[Failure]) -> Outcome:
+        resume = 0.0  # when training last resumed
+        persisted = 0.0  # the newest durable step's time
+        for f in failures:
+            at = max(f.at, resume)
+            self.out.interruptions += 1
+            persisted = max(persisted, at - (at - persisted) % self.c.persist_every_s)
+            resume = at + self._answer(f, at, persisted)
+        self._steady(self.out)
+        return self.out
+
+    def _answer(self, f: Failure, at: float, persisted: float) -> float:
+        """The failure's cost, each part recorded; returns failure -> training again."""
+        c, step_s = self.c, self.sc.job.step_time_s
+        detect = self.detection(f.kind)
+        now = at + detect
+        node = f"node-{f.node}"
+        first = f.node * self.sc.cluster.gpus_per_node
+        ranks = (
+            range(first, first + self.sc.cluster.gpus_per_node)
+            if f.kind in NODE_WIDE
+            else [first + f.gpu]
+        )
+        step = int(at / step_s)
+        seen = [
+            WorkerFailure(
+                KINDS[f.kind],
+                r,
+                node,
+                now,
+                step=step,
+                process_lost=f.kind in NODE_WIDE | {"process"},
+            )
+            for r in ranks
+        ]
+        budget = Budget(self._restarts, c.max_restarts, 0, 0, self._loss_steps, c.loss_rollbacks)
+        decision, _why = decide(seen, budget, now, self.policy, self._history)
+        self.out.lose("detection", detect)
+        if decision.action is Action.FAIL:
+            return detect + self._by_hand(at, persisted)
+        self._restarts += 1
+        self._history.append((node, now))
+        if decision.action is Action.RESTART_GROUP:
+            self._loss_steps += (step,)
+            took = 0.0
+        elif decision.cordon or f.kind in NODE_WIDE:
+            took = self._new_node(now)  # the ranks move to another node
+        else:
+            took = c.replace_s
+        self.out.lose("restart", min(took, c.replace_s))
+        self.out.lose("cold_start", max(0.0, took - c.replace_s))
+        restore, redone = self._restore(at, persisted, node, lost=f.kind in NODE_WIDE)
+        self.out.recoveries_s.append(detect + took + restore)
+        if f.kind in NODE_WIDE:  # its copies of its peers' shards are made again
+            self._lost_until[node] = now + took + restore + (c.max_lag_steps + 1) * step_s
+        return detect + took + restore + redone
+
+    def _new_node(self, now: float) -> float:
+        """A spare node ready now (then refilled), else a cold one."""
+        ready = [i for i, t in enumerate(self._spares) if t <= now]
+        if ready:
+            self._spares[ready[0]] = now + self.c.spare_refill_s
+            return self.c.replace_s
+        self.out.spare_exhausted += 1
+        return self.c.cold_start_s
+
+    def _restore(self, at: float, persisted: float, node: str, lost: bool) -> tuple[float, float]:
+        """(restore, redone): from memory, the newest commit, up to max_lag_steps behind
+        (the node's own memory when it is alive, else a peer's copy); from storage when
+        every node holding copies of the lost node's shards lost them in this window."""
+        c, step_s = self.c, self.sc.job.step_time_s
+        holders = self.peers.get(node, [])
+        if not lost or any(self._lost_until.get(p, -1.0) <= at for p in holders):
+            restore, redone = c.restore_s, self.rng.uniform(0, c.max_lag_steps + 1) * step_s
+        else:
+            self.out.storage_fallbacks += 1
+            restore, redone = c.load_s, at - persisted
+        self.out.lose("restore", restore)
+        self.out.lose("redone", redone)
+        self.out.steps_redone += math.ceil(redone / step_s)
+        return restore, redone
+
+    def _by_hand(self, at: float, persisted: float) -> float:
+        """The policy failed the job: restarted by hand from storage, budget anew."""
+        c = self.c
+        self.out.jobs_failed += 1
+        self._restarts, self._loss_steps, self._history = 0, (), []
+        redone = at - persisted
+        self.out.lose("manual", c.manual_restart_s)
+        self.out.lose("restore", c.load_s)
+        self.out.lose("redone", redone)
+        self.out.steps_redone += math.ceil(redone / self.sc.job.step_time_s)
+        return c.manual_restart_s + c.load_s + redone
+
+    def _steady(self, out: Outcome) -> None:
+        """A snapshot every step: each step longer by step_overhead."""
+        training = out.horizon_s - sum(out.lost.values())
+        out.lose(
+            "checkpoint", max(0.0, training) * self.c.step_overhead / (1 + self.c.step_overhead)
+        )
