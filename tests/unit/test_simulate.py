@@ -144,18 +144,19 @@ def test_impossible_values_are_refused_naming_the_field(tmp_path, sets, named):
 
 
 def test_the_cli_prints_the_table_json_and_the_schema(tmp_path):
-    res = CliRunner().invoke(
-        main, ["simulate", "examples/simulate/llama3-16k.yaml", "--seeds", "1", "-o", "json"]
-    )
+    res = _example("--seeds", "1", "-o", "json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert [s["strategy"] for s in out["strategies"]] == list(strategies_order())
-    text = CliRunner().invoke(
-        main, ["simulate", "examples/simulate/llama3-16k.yaml", "--seeds", "1"]
-    )
+    text = _example("--seeds", "1")
     assert text.exit_code == 0 and "ETTR" in text.output and "stalwart" in text.output
     schema = json.loads(CliRunner().invoke(main, ["simulate", "--schema"]).output)
     assert "failures" in schema["properties"]
+
+
+def _example(*args: str):
+    """`stalwart simulate` of examples/simulate/llama3-16k.yaml with `args`."""
+    return CliRunner().invoke(main, ["simulate", "examples/simulate/llama3-16k.yaml", *args])
 
 
 def strategies_order():
@@ -183,20 +184,15 @@ def test_ft_hsdp_s_shift_at_100k_gpus_is_reproduced_in_direction_and_size():
 
 
 def test_a_sweep_names_the_best_setting_for_stalwart_and_bad_sweeps_are_refused():
-    res = CliRunner().invoke(
-        main,
-        [
-            "simulate",
-            "examples/simulate/llama3-16k.yaml",
-            "--seeds",
-            "1",
-            "-o",
-            "json",
-            "--set",
-            "strategies=[stalwart]",
-            "--sweep",
-            "costs.stalwart.replicas=1,2",
-        ],
+    res = _example(
+        "--seeds",
+        "1",
+        "-o",
+        "json",
+        "--set",
+        "strategies=[stalwart]",
+        "--sweep",
+        "costs.stalwart.replicas=1,2",
     )
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
@@ -213,9 +209,7 @@ def test_a_sweep_names_the_best_setting_for_stalwart_and_bad_sweeps_are_refused(
         ("costs.stalwart.replicas", "--sweep: expected key.path=v1,v2,..."),
         ("costs.stalwart.replicas=1,0", "costs.stalwart.replicas: must be >= 1, got 0"),
     ):
-        res = CliRunner().invoke(
-            main, ["simulate", "examples/simulate/llama3-16k.yaml", "--sweep", bad]
-        )
+        res = _example("--sweep", bad)
         assert res.exit_code == 2 and said in res.output, res.output
 
 
@@ -239,32 +233,22 @@ def test_restart_storage_agrees_with_the_first_order_analytic_ettr():
 
 def test_the_figure_draws_ettr_against_the_gpu_count(tmp_path):
     png = tmp_path / "ettr.png"
-    res = CliRunner().invoke(
-        main,
-        [
-            "simulate",
-            "examples/simulate/llama3-16k.yaml",
-            "--seeds",
-            "1",
-            "--set",
-            "job.days=5",
-            "--figure",
-            str(png),
-            "--sweep",
-            "cluster.gpus=1024,16384",
-        ],
+    res = _example(
+        "--seeds",
+        "1",
+        "--set",
+        "job.days=5",
+        "--figure",
+        str(png),
+        "--sweep",
+        "cluster.gpus=1024,16384",
     )
     assert res.exit_code == 0, res.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    res = CliRunner().invoke(
-        main,
-        [
-            "simulate",
-            "examples/simulate/llama3-16k.yaml",
-            "--figure",
-            str(png),
-            "--sweep",
-            "costs.stalwart.spares=0,1",
-        ],
+    res = _example(
+        "--figure",
+        str(png),
+        "--sweep",
+        "costs.stalwart.spares=0,1",
     )
     assert res.exit_code == 2 and "no other --sweep beside it" in res.output
