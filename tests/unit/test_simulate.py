@@ -252,3 +252,11 @@ def test_the_figure_draws_ettr_against_the_gpu_count(tmp_path):
         "costs.stalwart.spares=0,1",
     )
     assert res.exit_code == 2 and "no other --sweep beside it" in res.output
+
+
+def test_a_seed_gives_the_same_run_and_another_seed_another():
+    sc = Scenario(cluster={"gpus": 2048}, job={"days": 10}, seeds=1, seed=11)
+    first, again = report(sc, simulate(sc)), report(sc, simulate(sc))
+    assert first == again
+    other = report(sc.model_copy(update={"seed": 12}), simulate(sc.model_copy(update={"seed": 12})))
+    assert [s["ettr"] for s in other["strategies"]] != [s["ettr"] for s in first["strategies"]]
