@@ -1,12 +1,13 @@
 """Cordoned nodes: no new ranks of this job go there until a TTL passes or a user uncordons.
 
 Also the flapping rule: a node that keeps failing (``flap_failures`` failures within
-``flap_window_s``) is cordoned even if each failure alone would not cordon it.
+``flap_window_s``) is cordoned even if each failure alone would not cordon it; and where a
+lost rank goes among the warm processes: the first ready on a node that is not bad.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -67,3 +68,10 @@ def flapping_nodes(
         f"node {n[:12]} failed {counts[n]} times in {window_s:.0f} s (threshold {threshold})"
         for n in flapping
     )
+
+
+def first_usable(nodes: Sequence[str], bad: Collection[str]) -> int | None:
+    """Which warm process takes a lost rank: the index of the first of `nodes` (the ready
+    spares' nodes, in the order they became ready) that is neither cordoned nor lost
+    (`bad`); None when there is none."""
+    return next((i for i, node in enumerate(nodes) if node not in bad), None)

@@ -17,6 +17,7 @@ import math
 import random
 
 from stalwart.ckpt.replicas import peers
+from stalwart.health.cordon import first_usable
 from stalwart.health.hang_timeout import HangPolicy, HangTimeouts, derive
 from stalwart.health.observations import Budget, FailureKind, WorkerFailure
 from stalwart.health.policy import Action, PolicyConfig, decide
@@ -59,7 +60,10 @@ class Stalwart:
         self._restarts = 0
         self._loss_steps: tuple[int, ...] = ()
         self._history: list[tuple[str, float]] = []
-        self._spares = [0.0] * self.c.spares  # when each spare node is (again) ready
+        # Each spare node and when it is (again) ready; a used one is replaced by a new one.
+        self._spares = [(f"spare-{i}", 0.0) for i in range(self.c.spares)]
+        self._made = self.c.spares
+        self._cordoned: set[str] = set()
         self._lost_until: dict[str, float] = {}  # node -> until when its copies are gone
 
     def detection(self, kind: str) -> float:
@@ -115,6 +119,7 @@ class Stalwart:
             return detect + self._by_hand(at, persisted)
         self._restarts += 1
         self._history.append((node, now))
+        self._cordoned.update(decision.cordon)
         if decision.action is Action.RESTART_GROUP:
             self._loss_steps += (step,)
             took = 0.0
@@ -131,10 +136,13 @@ class Stalwart:
         return detect + took + restore + redone
 
     def _new_node(self, now: float) -> float:
-        """A spare node ready now (then refilled), else a cold one."""
-        ready = [i for i, t in enumerate(self._spares) if t <= now]
-        if ready:
-            self._spares[ready[0]] = now + self.c.spare_refill_s
+        """The ranks' new node: the warm spare the supervisor would take (health/cordon.py
+        `first_usable` among the ready ones), then started again, else a cold node."""
+        ready = [i for i, (_, at) in enumerate(self._spares) if at <= now]
+        pick = first_usable([self._spares[i][0] for i in ready], self._cordoned)
+        if pick is not None:
+            self._spares[ready[pick]] = (f"spare-{self._made}", now + self.c.spare_refill_s)
+            self._made += 1
             return self.c.replace_s
         self.out.spare_exhausted += 1
         return self.c.cold_start_s

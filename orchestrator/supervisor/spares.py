@@ -17,6 +17,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
+from stalwart.health.cordon import first_usable
 from stalwart.orchestrator.supervisor.startup import StartupClock
 
 RESTARTS = 3
@@ -87,11 +88,8 @@ class Spares:
     def take(self, rank: int) -> tuple[Any, int | None] | None:
         """A ready spare on a healthy node, now holding `rank`; None if there is none."""
         bad = self._bad_nodes()
-        for entry in list(self.ready):
-            actor, slot, node = entry
-            if node in bad:
-                continue
-            self.ready.remove(entry)
+        while (i := first_usable([node for _, _, node in self.ready], bad)) is not None:
+            actor, slot, _ = self.ready.pop(i)
             try:
                 ray.get(actor.assume.remote(rank), timeout=ASSUME_TIMEOUT_S)
             except GONE as e:

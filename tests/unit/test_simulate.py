@@ -260,3 +260,20 @@ def test_a_seed_gives_the_same_run_and_another_seed_another():
     assert first == again
     other = report(sc.model_copy(update={"seed": 12}), simulate(sc.model_copy(update={"seed": 12})))
     assert [s["ettr"] for s in other["strategies"]] != [s["ettr"] for s in first["strategies"]]
+
+
+def test_the_spare_taken_is_the_supervisors_choice(monkeypatch):
+    from stalwart.health.cordon import first_usable
+
+    asked = []
+
+    def spy(nodes, bad):
+        asked.append((list(nodes), set(bad)))
+        return first_usable(nodes, bad)
+
+    monkeypatch.setattr(strategies, "first_usable", spy)
+    sc = Scenario(cluster={"gpus": 4096}, job={"days": 20}, seeds=1, strategies=["stalwart"])
+    _one(sc, "stalwart")
+    assert asked and all(n.startswith("spare-") for nodes, _ in asked for n in nodes)
+    assert any(bad for _, bad in asked)  # the cordoned nodes it was told of
+    assert first_usable(["a", "b", "c"], {"a"}) == 1 and first_usable(["a"], {"a"}) is None
