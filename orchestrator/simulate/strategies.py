@@ -116,6 +116,7 @@ class Stalwart:
         decision, _why = decide(seen, budget, now, self.policy, self._history)
         self.out.lose("detection", detect)
         if decision.action is Action.FAIL:
+            self.out.recoveries_s.append(detect + c.manual_restart_s + c.load_s)
             return detect + self._by_hand(at, persisted)
         self._restarts += 1
         self._history.append((node, now))
