@@ -122,8 +122,7 @@ def lossy_nodes(windows: list[LossWindow], config: LossConfig) -> tuple[tuple[st
             f"node {n[:12]} sent again {last.node_rates[n]:.1%} of the data segments on its "
             f"links ({last.links[n][0]} of its {last.links[n][1]} measured links lossy, "
             f"threshold {config.threshold:.1%}; {last.rest_rates[n]:.1%} on the links without "
-            f"it) in {k} consecutive "
-            f"windows of {config.window_s:g} s"
+            f"it) in {k} consecutive windows of {config.window_s:g} s"
             for n in sorted(flagged)
         )
     if not last.rates:

@@ -7,9 +7,7 @@ from __future__ import annotations
 import random
 from typing import NamedTuple
 
-from stalwart.orchestrator.simulate.scenario import Scenario
-
-DAY_S = 86_400.0
+from stalwart.orchestrator.simulate.scenario import DAY_S, Scenario
 
 
 class Failure(NamedTuple):
@@ -25,7 +23,7 @@ def draw(sc: Scenario, seed: int) -> list[Failure]:
     causes = [c for c in sc.failures.rates() if c.per_gpu_day > 0]
     per_s = [c.per_gpu_day * sc.cluster.gpus / DAY_S for c in causes]
     total = sum(per_s)
-    horizon = sc.job.days * DAY_S
+    horizon = sc.job.horizon_s
     out: list[Failure] = []
     if total == 0:
         return out

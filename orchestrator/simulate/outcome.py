@@ -27,6 +27,11 @@ class Outcome:
     def lose(self, cause: str, seconds: float) -> None:
         self.lost[cause] += seconds
 
+    def redo(self, seconds: float, step_s: float) -> None:
+        """`seconds` of training done again: lost, and the steps they held redone."""
+        self.lose("redone", seconds)
+        self.steps_redone += math.ceil(seconds / step_s)
+
     @property
     def ettr(self) -> float:
         """Effective training time ratio: the share of the wall-clock spent on new steps."""

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from stalwart.orchestrator.simulate.presets import PRESETS
 from stalwart.orchestrator.spec import load_model
 
+DAY_S = 86_400.0
 Kind = Literal["gpu", "node", "network", "process", "hang", "numeric"]
 STRATEGIES = ("stalwart", "restart-storage", "gemini", "replica-group", "standby-switch")
 
@@ -72,6 +73,10 @@ class Job(_Strict):
     step_time_s: float = Field(
         5.0, gt=0, description="one training step at this scale (an assumption)"
     )
+
+    @property
+    def horizon_s(self) -> float:
+        return self.days * DAY_S
 
 
 class StalwartCosts(_Strict):

@@ -13,7 +13,6 @@ the same window (ckpt/replicas.py's groups), when the job falls back to durable 
 
 from __future__ import annotations
 
-import math
 import random
 
 from stalwart.ckpt.replicas import peers
@@ -56,7 +55,7 @@ class Stalwart:
         names = [f"node-{i}" for i in range(sc.cluster.nodes)]
         self.peers = peers(names, self.c.replicas)
         self.rng = random.Random(seed * 7919 + 1)
-        self.out = Outcome("stalwart", seed, sc.job.days * 86_400.0)
+        self.out = Outcome("stalwart", seed, sc.job.horizon_s)
         self._restarts = 0
         self._loss_steps: tuple[int, ...] = ()
         self._history: list[tuple[str, float]] = []
@@ -160,8 +159,7 @@ class Stalwart:
             self.out.storage_fallbacks += 1
             restore, redone = c.load_s, at - persisted
         self.out.lose("restore", restore)
-        self.out.lose("redone", redone)
-        self.out.steps_redone += math.ceil(redone / step_s)
+        self.out.redo(redone, step_s)
         return restore, redone
 
     def _by_hand(self, at: float, persisted: float) -> float:
@@ -172,8 +170,7 @@ class Stalwart:
         redone = at - persisted
         self.out.lose("manual", c.manual_restart_s)
         self.out.lose("restore", c.load_s)
-        self.out.lose("redone", redone)
-        self.out.steps_redone += math.ceil(redone / self.sc.job.step_time_s)
+        self.out.redo(redone, self.sc.job.step_time_s)
         return c.manual_restart_s + c.load_s + redone
 
     def _steady(self, out: Outcome) -> None:
