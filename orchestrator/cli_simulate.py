@@ -202,9 +202,28 @@ def _table(console: Console, sc: Any, out: dict[str, Any]) -> None:
             "-" if mttr["p90"] is None else f"{mttr['p90']} s",
         )
     console.print(table)
+    est = out["kokolis_estimate"]["restart-storage"]
+    young = est["interval_s"] == out["optimal_save_interval_s"]
     console.print(
-        f"restart-storage saves every {out['optimal_save_interval_s']:g} s (Young's optimum "
-        "for its save stall) unless the scenario sets costs.restart_storage.interval_s"
+        f"restart-storage saves every {est['interval_s']:g} s ("
+        + (
+            "Young's optimum for its save stall; costs.restart_storage.interval_s sets another)"
+            if young
+            else f"costs.restart_storage.interval_s; Young's optimum: "
+            f"{out['optimal_save_interval_s']:g} s)"
+        ),
+        highlight=False,
+    )
+    where = (
+        "its assumptions hold here"
+        if est["assumptions_hold"]
+        else "outside its assumptions: " + "; ".join(est["outside_assumptions"])
+    )
+    console.print(
+        f"Kokolis et al.'s estimate for restart-storage: {est['ettr']:.2%} (MTTF "
+        f"{est['mttf_h']:g} h, restart overhead {est['restart_overhead_s']:g} s, interval "
+        f"{est['interval_s']:g} s; {where})",
+        highlight=False,
     )
 
 

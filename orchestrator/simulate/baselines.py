@@ -25,6 +25,12 @@ def optimal_interval(sc: Scenario) -> float:
     return math.sqrt(2 * mtbf_s(sc) * max(sc.costs.restart_storage.save_stall_s, 1e-9))
 
 
+def save_interval(sc: Scenario) -> float:
+    """restart-storage's save interval: the scenario's, or Young's optimum."""
+    c = sc.costs.restart_storage
+    return optimal_interval(sc) if c.interval_s == "optimal" else c.interval_s
+
+
 def _world_restart(
     out: Outcome,
     sc: Scenario,
@@ -54,9 +60,10 @@ def _world_restart(
 
 def restart_storage(sc: Scenario, seed: int, failures: list[Failure]) -> Outcome:
     c = sc.costs.restart_storage
-    interval = optimal_interval(sc) if c.interval_s == "optimal" else c.interval_s
     out = Outcome("restart-storage", seed, sc.job.horizon_s)
-    return _world_restart(out, sc, failures, c.load_s, interval, c.save_stall_s, c.restart_s)
+    return _world_restart(
+        out, sc, failures, c.load_s, save_interval(sc), c.save_stall_s, c.restart_s
+    )
 
 
 def gemini(sc: Scenario, seed: int, failures: list[Failure]) -> Outcome:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stalwart.orchestrator.simulate import baselines
+from stalwart.orchestrator.simulate.analytic import restart_storage_estimate
 from stalwart.orchestrator.simulate.failures import Failure, draw
 from stalwart.orchestrator.simulate.outcome import Outcome, summary
 from stalwart.orchestrator.simulate.scenario import Scenario
@@ -39,11 +40,13 @@ def simulate(
 
 def report(sc: Scenario, runs: dict[str, list[Outcome]]) -> dict[str, Any]:
     """What `stalwart simulate -o json` prints."""
+    interval = baselines.save_interval(sc)
     return {
         "scenario": sc.name,
         "gpus": sc.cluster.gpus,
         "nodes": sc.cluster.nodes,
         "days": sc.job.days,
         "optimal_save_interval_s": round(baselines.optimal_interval(sc), 1),
+        "kokolis_estimate": {"restart-storage": restart_storage_estimate(sc, interval)},
         "strategies": [summary(outs) for outs in runs.values()],
     }

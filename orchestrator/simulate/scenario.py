@@ -49,8 +49,10 @@ class Cause(_Strict):
 
 
 class Failures(_Strict):
-    preset: Literal["llama3"] | None = Field(
-        "llama3", description="published rates (presets.py), scaled to this cluster's GPUs"
+    preset: Literal["llama3", "rsc1", "rsc2"] | None = Field(
+        "llama3",
+        description="published rates (presets.py), scaled to this cluster's GPUs: Llama 3's "
+        "by cause, or Meta's research clusters RSC-1/RSC-2 (Kokolis et al.)",
     )
     scale: float = Field(1.0, ge=0, description="multiplies every rate")
     causes: list[Cause] = Field(default_factory=list, description="more causes, or instead")
