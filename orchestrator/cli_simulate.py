@@ -25,7 +25,6 @@ from stalwart.orchestrator.cli_conventions import (
 
 MAX_SETTINGS = 200
 FIGURE_GPUS = (1024, 4096, 16384, 32768, 65536, 98304)
-LOST = ("detection", "restart", "restore", "redone", "checkpoint", "cold_start", "manual")
 
 
 def _settings(sweeps: tuple[str, ...]) -> list[list[str]]:
@@ -172,6 +171,8 @@ def _best(results: list[tuple[list[str], Any, dict[str, Any]]]) -> dict[str, Any
 
 
 def _table(console: Console, sc: Any, out: dict[str, Any]) -> None:
+    from stalwart.orchestrator.simulate.outcome import LOSSES
+
     table = Table(
         title=f"{sc.name}: {sc.cluster.gpus:,} GPUs ({sc.cluster.nodes:,} nodes), "
         f"{sc.job.days:g} days, {sc.seeds} seed(s); hours lost by cause"
@@ -179,6 +180,7 @@ def _table(console: Console, sc: Any, out: dict[str, Any]) -> None:
     for col in (
         "strategy",
         "ETTR",
+        "per GPU held",
         "interruptions",
         "detect",
         "restart",
@@ -187,6 +189,7 @@ def _table(console: Console, sc: Any, out: dict[str, Any]) -> None:
         "checkpoint",
         "cold",
         "manual",
+        "slow",
         "MTTR p50",
         "p90",
     ):
@@ -196,8 +199,9 @@ def _table(console: Console, sc: Any, out: dict[str, Any]) -> None:
         table.add_row(
             s["strategy"],
             f"{s['ettr']:.2%} ±{s['ettr_ci95']:.2%}",
+            f"{s['ettr_per_gpu_held']:.2%}",
             f"{s['interruptions']:g}",
-            *(f"{s['lost_hours'][k]:.1f}" for k in LOST),
+            *(f"{s['lost_hours'][k]:.1f}" for k in LOSSES),
             "-" if mttr["p50"] is None else f"{mttr['p50']} s",
             "-" if mttr["p90"] is None else f"{mttr['p90']} s",
         )

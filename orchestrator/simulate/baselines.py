@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from stalwart.orchestrator.simulate.failures import Failure, mtbf_s
+from stalwart.orchestrator.simulate.failures import Failure, Straggler, mtbf_s
 from stalwart.orchestrator.simulate.outcome import Outcome
 from stalwart.orchestrator.simulate.scenario import Scenario
 
@@ -31,10 +31,24 @@ def save_interval(sc: Scenario) -> float:
     return optimal_interval(sc) if c.interval_s == "optimal" else c.interval_s
 
 
+def unmoved(out: Outcome, sc: Scenario, stragglers: list[Straggler]) -> Outcome:
+    """No straggler detection: each slow GPU paces the job until its episode ends."""
+    s = sc.failures.stragglers
+    for e in stragglers:
+        out.stragglers += 1
+        out.slow(min(s.duration_s, out.horizon_s - e.at), s.slowdown)
+    return out
+
+
+def _outcome(name: str, sc: Scenario, seed: int, idle_gpus: int = 0) -> Outcome:
+    return Outcome(name, seed, sc.job.horizon_s, gpus=sc.cluster.gpus, idle_gpus=idle_gpus)
+
+
 def _world_restart(
     out: Outcome,
     sc: Scenario,
     failures: list[Failure],
+    stragglers: list[Straggler],
     restore_s: float,
     interval: float,
     stall: float,
@@ -53,29 +67,36 @@ def _world_restart(
         out.redo(redone, sc.job.step_time_s)
         out.recoveries_s.append(detect + restart_s + restore_s)
         resume = at + detect + restart_s + restore_s + redone
+    unmoved(out, sc, stragglers)
     training = out.horizon_s - sum(out.lost.values())
     out.lose("checkpoint", max(0.0, training) * stall / (interval + stall))
     return out
 
 
-def restart_storage(sc: Scenario, seed: int, failures: list[Failure]) -> Outcome:
+def restart_storage(
+    sc: Scenario, seed: int, failures: list[Failure], stragglers: list[Straggler]
+) -> Outcome:
     c = sc.costs.restart_storage
-    out = Outcome("restart-storage", seed, sc.job.horizon_s)
+    out = _outcome("restart-storage", sc, seed)
     return _world_restart(
-        out, sc, failures, c.load_s, save_interval(sc), c.save_stall_s, c.restart_s
+        out, sc, failures, stragglers, c.load_s, save_interval(sc), c.save_stall_s, c.restart_s
     )
 
 
-def gemini(sc: Scenario, seed: int, failures: list[Failure]) -> Outcome:
+def gemini(
+    sc: Scenario, seed: int, failures: list[Failure], stragglers: list[Straggler]
+) -> Outcome:
     g = sc.costs.gemini
-    out = Outcome("gemini", seed, sc.job.horizon_s)
+    out = _outcome("gemini", sc, seed)
     restart = sc.costs.restart_storage.restart_s
-    return _world_restart(out, sc, failures, g.restore_s, g.interval_s, 0.0, restart)
+    return _world_restart(out, sc, failures, stragglers, g.restore_s, g.interval_s, 0.0, restart)
 
 
-def replica_group(sc: Scenario, seed: int, failures: list[Failure]) -> Outcome:
+def replica_group(
+    sc: Scenario, seed: int, failures: list[Failure], stragglers: list[Straggler]
+) -> Outcome:
     r = sc.costs.replica_group
-    out = Outcome("replica-group", seed, sc.job.horizon_s)
+    out = _outcome("replica-group", sc, seed)
     resume = 0.0
     for f in failures:
         at = max(f.at, resume)
@@ -84,12 +105,14 @@ def replica_group(sc: Scenario, seed: int, failures: list[Failure]) -> Outcome:
         out.lose("cold_start", r.rejoin_s / r.groups)  # one group's share, until it rejoins
         out.recoveries_s.append(r.stall_s)
         resume = at + r.stall_s
-    return out
+    return unmoved(out, sc, stragglers)
 
 
-def standby_switch(sc: Scenario, seed: int, failures: list[Failure]) -> Outcome:
+def standby_switch(
+    sc: Scenario, seed: int, failures: list[Failure], stragglers: list[Straggler]
+) -> Outcome:
     """A world restart whose restart is the standby's switch, with nothing to load and
-    checkpoints that stall nothing."""
+    checkpoints that stall nothing; the standby machines hold GPUs that do not train."""
     s = sc.costs.standby_switch
-    out = Outcome("standby-switch", seed, sc.job.horizon_s)
-    return _world_restart(out, sc, failures, 0.0, s.interval_s, 0.0, s.switch_s)
+    out = _outcome("standby-switch", sc, seed, s.standby_nodes * sc.cluster.gpus_per_node)
+    return _world_restart(out, sc, failures, stragglers, 0.0, s.interval_s, 0.0, s.switch_s)

@@ -10,6 +10,12 @@ from typing import NamedTuple
 from stalwart.orchestrator.simulate.scenario import DAY_S, Scenario
 
 
+class Straggler(NamedTuple):
+    at: float  # seconds into the run: a GPU starts computing slowly
+    node: int
+    gpu: int
+
+
 class Failure(NamedTuple):
     at: float  # seconds into the run
     cause: str
@@ -33,6 +39,23 @@ def draw(sc: Scenario, seed: int) -> list[Failure]:
         node = rng.randrange(sc.cluster.nodes)
         out.append(Failure(t, c.name, c.kind, node, rng.randrange(sc.cluster.gpus_per_node)))
         t += rng.expovariate(total)
+    return out
+
+
+def draw_stragglers(sc: Scenario, seed: int) -> list[Straggler]:
+    """Slow-GPU episodes, a Poisson process of their own (its own random numbers, so a
+    scenario's failures are the same with or without stragglers)."""
+    rng = random.Random(seed * 104_729 + 3)
+    per_s = sc.failures.stragglers.per_gpu_day * sc.failures.scale * sc.cluster.gpus / DAY_S
+    out: list[Straggler] = []
+    if per_s == 0:
+        return out
+    t = rng.expovariate(per_s)
+    while t < sc.job.horizon_s:
+        out.append(
+            Straggler(t, rng.randrange(sc.cluster.nodes), rng.randrange(sc.cluster.gpus_per_node))
+        )
+        t += rng.expovariate(per_s)
     return out
 
 

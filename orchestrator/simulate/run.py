@@ -7,15 +7,15 @@ from typing import Any
 
 from stalwart.orchestrator.simulate import baselines
 from stalwart.orchestrator.simulate.analytic import restart_storage_estimate
-from stalwart.orchestrator.simulate.failures import Failure, draw
+from stalwart.orchestrator.simulate.failures import Failure, Straggler, draw, draw_stragglers
 from stalwart.orchestrator.simulate.outcome import Outcome, summary
 from stalwart.orchestrator.simulate.scenario import Scenario
 from stalwart.orchestrator.simulate.strategies import Stalwart
 
-Strategy = Callable[[Scenario, int, list[Failure]], Outcome]
+Strategy = Callable[[Scenario, int, list[Failure], list[Straggler]], Outcome]
 
 STRATEGY: dict[str, Strategy] = {
-    "stalwart": lambda sc, seed, failures: Stalwart(sc, seed).run(failures),
+    "stalwart": lambda sc, seed, failures, stragglers: Stalwart(sc, seed).run(failures, stragglers),
     "restart-storage": baselines.restart_storage,
     "gemini": baselines.gemini,
     "replica-group": baselines.replica_group,
@@ -30,9 +30,9 @@ def simulate(
     runs: dict[str, list[Outcome]] = {name: [] for name in sc.strategies}
     for i in range(sc.seeds):
         seed = sc.seed + i
-        failures = draw(sc, seed)
+        failures, stragglers = draw(sc, seed), draw_stragglers(sc, seed)
         for name in sc.strategies:
-            runs[name].append(STRATEGY[name](sc, seed, failures))
+            runs[name].append(STRATEGY[name](sc, seed, failures, stragglers))
         if progress is not None:
             progress(i + 1, sc.seeds)
     return runs

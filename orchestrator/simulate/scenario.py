@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stalwart.orchestrator.simulate.presets import PRESETS
 from stalwart.orchestrator.spec import load_model
+from stalwart.orchestrator.spec_health import StragglerSpec
 
 DAY_S = 86_400.0
 Kind = Literal["gpu", "node", "network", "process", "hang", "numeric"]
@@ -48,6 +49,24 @@ class Cause(_Strict):
     per_gpu_day: float = Field(ge=0, description="failures per GPU per day")
 
 
+class Stragglers(_Strict):
+    per_gpu_day: float = Field(
+        0.0,
+        ge=0,
+        description="slow-GPU episodes per GPU per day (no published rate is shipped: "
+        "set your cluster's; 0: none)",
+    )
+    slowdown: float = Field(
+        2.5,
+        gt=1,
+        description="the slow GPU's compute time over its peers' while an episode lasts "
+        "(the whole job steps at its pace)",
+    )
+    duration_s: float = Field(
+        3600.0, gt=0, description="how long an episode lasts when nothing moves its rank"
+    )
+
+
 class Failures(_Strict):
     preset: Literal["llama3", "rsc1", "rsc2"] | None = Field(
         "llama3",
@@ -56,6 +75,7 @@ class Failures(_Strict):
     )
     scale: float = Field(1.0, ge=0, description="multiplies every rate")
     causes: list[Cause] = Field(default_factory=list, description="more causes, or instead")
+    stragglers: Stragglers = Field(default_factory=Stragglers)
 
     def rates(self) -> list[Cause]:
         """Every cause with its rate per GPU-day, the preset's first."""
@@ -130,6 +150,11 @@ class StalwartCosts(_Strict):
     manual_restart_s: float = Field(
         3600.0, ge=0, description="a failed job restarted by hand from storage"
     )
+    straggler: StragglerSpec = Field(
+        default_factory=StragglerSpec,
+        description="health.straggler, the job spec's own section (the detector and its "
+        "decision are the supervisor's: health/straggler.py)",
+    )
 
 
 class RestartCosts(_Strict):
@@ -156,6 +181,9 @@ class ReplicaGroupCosts(_Strict):
 
 class StandbyCosts(_Strict):
     switch_s: float = Field(20.0, ge=0, description="the standby takes over (TrainMover)")
+    standby_nodes: int = Field(
+        1, ge=0, description="standby machines held ready (GPUs that do not train)"
+    )
     interval_s: float = Field(300.0, gt=0, description="checkpoint interval")
 
 

@@ -8,11 +8,15 @@ them with the job's restart budget and its nodes' history (the flapping rule). A
 replacement takes a warm spare node while one is ready (refilled after use) or waits for a
 cold node; its ranks restore from a peer's copy, unless the node that held it was lost in
 the same window (ckpt/replicas.py's groups), when the job falls back to durable storage.
+A slow GPU is found by the supervisor's own HealthMonitor, fed the steps its rank and its
+peers would report, and health/straggler.py `straggler_decision` moves it to a spare or
+leaves it an alert (health.straggler.policy).
 (The baselines, in the same model: baselines.py.)
 """
 
 from __future__ import annotations
 
+import math
 import random
 
 from stalwart.ckpt.replicas import peers
@@ -20,9 +24,12 @@ from stalwart.health.cordon import first_usable
 from stalwart.health.hang_timeout import HangPolicy, HangTimeouts, derive
 from stalwart.health.observations import Budget, FailureKind, WorkerFailure
 from stalwart.health.policy import Action, PolicyConfig, decide
-from stalwart.orchestrator.simulate.failures import Failure
+from stalwart.health.straggler import straggler_decision
+from stalwart.orchestrator.simulate.failures import Failure, Straggler
 from stalwart.orchestrator.simulate.outcome import Outcome
 from stalwart.orchestrator.simulate.scenario import Scenario
+from stalwart.orchestrator.spec import HealthSpec
+from stalwart.orchestrator.supervisor.monitor import HealthMonitor
 
 KINDS = {
     "gpu": FailureKind.GPU_FATAL,
@@ -41,6 +48,51 @@ def hang_timeouts(sc: Scenario) -> HangTimeouts:
         return HangTimeouts.fixed(c.hang_timeout_s)
     policy = HangPolicy(floor_s=c.hang_floor_s, factor=c.hang_factor)
     return derive(policy, sc.job.step_time_s, steps_seen=policy.min_steps)
+
+
+# The ranks whose reports the straggler detector is fed: the slow one and its node's peers
+# (its score is against the median of the others, which a larger job leaves the same).
+MONITORED = 8
+
+
+def straggler_found_s(sc: Scenario, rng: random.Random) -> float | None:
+    """A slow GPU's onset to the supervisor's flag: its HealthMonitor (warm-up, windows,
+    min_duration_s: health.straggler) fed the compute and step times its rank and its
+    peers report, with 2 % noise; None when it never flags it (a slowdown under the
+    threshold) within the episode."""
+    spec = sc.costs.stalwart.straggler
+    s = sc.failures.stragglers
+    if spec.policy == "none":
+        return None
+    n = min(sc.cluster.gpus, MONITORED)
+    if n < 2:
+        return None
+    monitor = HealthMonitor(HealthSpec(straggler=spec))
+    monitor.start_generation({r: (f"node-{r}", r) for r in range(n)}, 0.0)
+    step_s, slow_step_s = sc.job.step_time_s, sc.job.step_time_s * s.slowdown
+    span = spec.window_steps * spec.consecutive_windows
+    onset = spec.warmup_steps + span  # judged, healthy steps before it
+    # A stationary score flags within a few spans and min_duration_s, or never does.
+    slow_steps = min(
+        4 * span + math.ceil(spec.min_duration_s / slow_step_s) + 1,
+        math.ceil(s.duration_s / slow_step_s),
+    )
+    t = onset_t = 0.0
+    for step in range(onset + slow_steps):
+        slow = step >= onset
+        if step == onset:
+            onset_t = t
+        wall = slow_step_s if slow else step_s
+        t += wall
+        for r in range(n):
+            compute = (slow_step_s if slow and r == 0 else step_s) * (1 + rng.uniform(0, 0.02))
+            monitor.beat(
+                r, {"pid": r, "step": step, "received_at": t, "recent": [(step, compute, wall)]}
+            )
+        monitor.stragglers()
+        if 0 in monitor.flagged_since:
+            return t - onset_t
+    return None
 
 
 class Stalwart:
@@ -64,6 +116,15 @@ class Stalwart:
         self._made = self.c.spares
         self._cordoned: set[str] = set()
         self._lost_until: dict[str, float] = {}  # node -> until when its copies are gone
+        self.out.gpus = sc.cluster.gpus
+        self.out.idle_gpus = self.c.spares * sc.cluster.gpus_per_node
+        # A slow GPU's onset to its flag (its own random numbers: the rest of a run is
+        # the same with or without stragglers).
+        self._found = (
+            straggler_found_s(sc, random.Random(seed * 31 + 5))
+            if sc.failures.stragglers.per_gpu_day > 0
+            else None
+        )
 
     def detection(self, kind: str) -> float:
         c = self.c
@@ -76,16 +137,51 @@ class Stalwart:
             "numeric": self.sc.job.step_time_s,
         }[kind]
 
-    def run(self, failures: list[Failure]) -> Outcome:
+    def run(self, failures: list[Failure], stragglers: list[Straggler] = ()) -> Outcome:
         resume = 0.0  # when training last resumed
         persisted = 0.0  # the newest durable step's time
-        for f in failures:
-            at = max(f.at, resume)
-            self.out.interruptions += 1
+        events = sorted([*failures, *stragglers], key=lambda e: e.at)
+        for e in events:
+            at = max(e.at, resume)
             persisted = max(persisted, at - (at - persisted) % self.c.persist_every_s)
-            resume = at + self._answer(f, at, persisted)
+            if isinstance(e, Straggler):
+                resume = max(resume, self._straggler(e, at, persisted))
+                continue
+            self.out.interruptions += 1
+            resume = at + self._answer(e, at, persisted)
         self._steady(self.out)
         return self.out
+
+    def _straggler(self, e: Straggler, at: float, persisted: float) -> float:
+        """A slow GPU: flagged by the monitor, then moved to a spare or left to pace the
+        job (the decision's); returns when training runs at its normal pace again."""
+        s, c = self.sc.failures.stragglers, self.c
+        self.out.stragglers += 1
+        lasts = min(s.duration_s, self.out.horizon_s - at)
+        found = self._found
+        if found is None or found >= lasts:
+            self.out.slow(lasts, s.slowdown)
+            return at
+        now = at + found
+        node, rank = f"node-{e.node}", e.node * self.sc.cluster.gpus_per_node + e.gpu
+        ready = (
+            frozenset(name for name, ready_at in self._spares if ready_at <= now) - self._cordoned
+        )
+        budget = Budget(self._restarts, c.max_restarts, 0, 0, self._loss_steps, c.loss_rollbacks)
+        decision, _why = straggler_decision(
+            (rank,), c.straggler.policy, {rank: node}, ready, budget
+        )
+        if decision.action is not Action.REPLACE:
+            self.out.slow(lasts, s.slowdown)
+            return at
+        self.out.slow(found, s.slowdown)
+        self.out.stragglers_moved += 1
+        self._restarts += 1
+        self._cordoned.update(decision.cordon)
+        took = self._new_node(now)
+        self.out.lose("restart", took)
+        restore, redone = self._restore(now, persisted, node, lost=False)
+        return now + took + restore + redone
 
     def _answer(self, f: Failure, at: float, persisted: float) -> float:
         """The failure's cost, each part recorded; returns failure -> training again."""

@@ -4,6 +4,7 @@ the supervisor's own policy code, the published figures it is checked against, b
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 from click.testing import CliRunner
@@ -17,6 +18,7 @@ from stalwart.orchestrator.simulate.failures import draw, mtbf_s
 from stalwart.orchestrator.simulate.presets import LLAMA3
 from stalwart.orchestrator.simulate.run import report, simulate
 from stalwart.orchestrator.simulate.scenario import Scenario
+from stalwart.orchestrator.simulate.strategies import straggler_found_s
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,7 +56,7 @@ def test_young_s_interval_beats_saving_four_times_more_or_less_often():
     def ettr(interval):
         costs = {"restart_storage": {**META, "interval_s": interval}}
         return restart_storage(
-            sc.model_copy(update={"costs": Scenario(costs=costs).costs}), 0, failures
+            sc.model_copy(update={"costs": Scenario(costs=costs).costs}), 0, failures, []
         ).ettr
 
     assert ettr(best) > ettr(best / 4) and ettr(best) > ettr(best * 4)
@@ -268,6 +270,59 @@ def test_kokolis_estimate_agrees_with_the_simulator_where_its_assumptions_hold()
     big = sc.model_copy(update={"cluster": sc.cluster.model_copy(update={"gpus": 131_072})})
     est = restart_storage_estimate(big, 1800)
     assert not est["assumptions_hold"] and "MTTF" in est["outside_assumptions"][0]
+
+
+def _stragglers(**stalwart) -> Scenario:
+    return Scenario(
+        cluster={"gpus": 1024},
+        job={"days": 10},
+        failures={"stragglers": {"per_gpu_day": 0.002, "slowdown": 2.5, "duration_s": 3600}},
+        seeds=3,
+        costs={"stalwart": stalwart},
+    )
+
+
+def test_a_slow_gpu_is_found_by_the_supervisors_monitor_and_moved_only_when_told():
+    """The straggler detector is the supervisor's HealthMonitor (its windows, warm-up and
+    min_duration_s); health.straggler.policy alert leaves the slow GPU pacing the job as
+    every baseline does; replace moves it to a spare, as straggler_decision says."""
+    sc = _stragglers()
+    step = sc.job.step_time_s * 2.5
+    found = straggler_found_s(sc, random.Random(0))
+    span = 5 * 2  # health.straggler's window_steps x consecutive_windows
+    assert found is not None and span * step <= found <= (span + 2) * step
+
+    alert = {s["strategy"]: s for s in report(sc, simulate(sc))["strategies"]}
+    assert alert["stalwart"]["stragglers"] > 10 and alert["stalwart"]["stragglers_moved"] == 0
+    lost = alert["stalwart"]["lost_hours"]["straggler"]
+    assert lost == alert["restart-storage"]["lost_hours"]["straggler"] > 0
+
+    moved = _one(_stragglers(straggler={"policy": "replace"}), "stalwart")
+    assert moved["stragglers_moved"] == moved["stragglers"] == alert["stalwart"]["stragglers"]
+    assert moved["lost_hours"]["straggler"] < lost / 10
+    assert moved["ettr"] > alert["stalwart"]["ettr"] + 0.03
+
+    # Without a spare there is nowhere to move it: straggler_decision's alert.
+    stuck = _one(_stragglers(straggler={"policy": "replace"}, spares=0), "stalwart")
+    assert stuck["stragglers_moved"] == 0
+
+
+def test_a_slowdown_under_the_detectors_threshold_is_never_flagged_until_it_is_lowered():
+    mild = {"stragglers": {"per_gpu_day": 0.002, "slowdown": 1.5}}
+    sc = _stragglers().model_copy(update={"failures": Scenario(failures=mild).failures})
+    assert straggler_found_s(sc, random.Random(0)) is None
+    lower = Scenario(costs={"stalwart": {"straggler": {"threshold": 1.3}}}).costs
+    assert straggler_found_s(sc.model_copy(update={"costs": lower}), random.Random(0))
+
+
+def test_spares_and_standbys_count_as_gpus_held_that_do_not_train():
+    sc = Scenario(cluster={"gpus": 64, "gpus_per_node": 8}, job={"days": 5}, seeds=2)
+    out = {s["strategy"]: s for s in report(sc, simulate(sc))["strategies"]}
+    assert out["stalwart"]["idle_gpus"] == 8 and out["standby-switch"]["idle_gpus"] == 8
+    assert out["stalwart"]["ettr_per_gpu_held"] == pytest.approx(
+        out["stalwart"]["ettr"] * 64 / 72, abs=1e-4
+    )
+    assert out["gemini"]["ettr_per_gpu_held"] == out["gemini"]["ettr"]
 
 
 def test_the_figure_draws_ettr_against_the_gpu_count(tmp_path):
