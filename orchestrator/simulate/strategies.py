@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 
 from stalwart.ckpt.replicas import peers
 from stalwart.health.cordon import first_usable
@@ -137,7 +138,7 @@ class Stalwart:
             "numeric": self.sc.job.step_time_s,
         }[kind]
 
-    def run(self, failures: list[Failure], stragglers: list[Straggler] = ()) -> Outcome:
+    def run(self, failures: Sequence[Failure], stragglers: Sequence[Straggler] = ()) -> Outcome:
         resume = 0.0  # when training last resumed
         persisted = 0.0  # the newest durable step's time
         events = sorted([*failures, *stragglers], key=lambda e: e.at)
