@@ -24,14 +24,11 @@ import torch.distributed as dist
 
 from stalwart.ckpt.dcp_dir import dcp_reader
 from stalwart.ckpt.device_copy import AsyncCapture
-from stalwart.ckpt.durable import open_store
 from stalwart.ckpt.pipeline import SnapshotPipeline
 from stalwart.ckpt.ring_pipeline import RingPipeline
 from stalwart.ckpt.snapshot import Snapshot, payload_checksum
-from stalwart.ckpt.store import read_in_place
 from stalwart.health.classify import classify_exception
 from stalwart.health.observations import FailureKind
-from stalwart.orchestrator.agent.channel import ChannelError, fetch_from_agent
 from stalwart.orchestrator.chaos import actions as chaos
 from stalwart.orchestrator.spec import JobSpec
 from stalwart.orchestrator.worker import heartbeat, mesh, torchrun
@@ -48,6 +45,7 @@ from stalwart.orchestrator.worker.divergence import ReplicaDivergence
 from stalwart.orchestrator.worker.entrypoint import load_entrypoint
 from stalwart.orchestrator.worker.output import OutputCapture
 from stalwart.orchestrator.worker.reshard_source import reshard_source
+from stalwart.orchestrator.worker.shard_fetch import Prefetch, fetch_shard, on_another_node
 
 HEARTBEAT_INTERVAL_S = 0.25  # at least this often
 HEARTBEAT_MIN_GAP_S = 0.05  # at most this often: a step's end sends one early
@@ -214,12 +212,19 @@ class TrainWorker:
                 ),
             )
         ctx = self.ctx
+        whose = self._restore_rank
+
+        def fetch(step: int) -> Snapshot | None:
+            return self._fetch(restore_from, step, whose)
+
+        if restore_step is not None and on_another_node(restore_from, self.agent):
+            fetch = Prefetch(fetch, restore_step).get  # while the generation forms
         ctx.begin_generation(
             generation,
             restore_step,
             faults,
             local_rank,
-            fetch=lambda step: self._fetch(restore_from, step),
+            fetch=fetch,
             rank=self.rank,
             world_size=self.world_size,
             resharded=lambda: reshard_source(
@@ -414,28 +419,10 @@ class TrainWorker:
 
     def _fetch(self, source: Any, step: int, rank: int | None = None) -> Snapshot | None:
         """`step`'s shard of `rank` (default: the one this rank restores) from the restore
-        source: an agent's memory (own node's by default; another node's over its channel,
-        agent/channel.py) or, for a dict naming a durable target, storage (checked)."""
+        source (worker/shard_fetch.py)."""
         rank = self._restore_rank if rank is None else rank
-        if isinstance(source, dict):
-            return open_store(source).read_shard(step, rank)
-        # Bounded: a source agent that dies or stalls mid-fetch fails this restore (and the
-        # supervisor restores from the next source), it never hangs the recovery.
-        source, deadline = source or self.agent, self.spec["failure"]["restore_timeout_s"]
-        deadline += time.monotonic()
-        if source._actor_id == self.agent._actor_id:  # own node's: read in place, one copy
-            where = ray.get(source.locate_shard.remote(rank, step), timeout=10)
-            snap = read_in_place(where, step) if where is not None else None
-            if snap is not None:
-                return snap
-        else:  # a peer's: over its channel, else Ray
-            try:
-                left = deadline - time.monotonic()
-                return fetch_from_agent(source, rank, step, left, self.node_ip)
-            except ChannelError as e:
-                print(f"stalwart: restore over the channel failed ({e}): Ray", file=sys.stderr)
-        left = max(1.0, deadline - time.monotonic())
-        return ray.get(source.get_shard.remote(rank, step), timeout=left)
+        timeout_s = self.spec["failure"]["restore_timeout_s"]
+        return fetch_shard(source, self.agent, rank, step, timeout_s, self.node_ip)
 
     def _on_fault(self, fault: dict[str, Any]) -> None:
         # Recorded synchronously, at the supervisor (a node fault takes the agent with it),
