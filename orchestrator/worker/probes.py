@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,21 +35,31 @@ def time_matmul(device: torch.device, size: int, repeats: int, slow_factor: floa
     """Seconds for `repeats` size x size matmuls on `device`: the best of three trials'
     median single matmul, times `repeats`. A slow node is slow in every trial; a healthy
     one on a busy shared machine is fast in at least one.
+    On a CPU the seconds are the thread's own CPU time, not the wall clock's: a core's speed,
+    which a machine's load does not change (on two cores shared by several Ray nodes'
+    processes, a node whose workers were importing torch beside its matmul read 3x slower by
+    the wall clock and was cordoned). A GPU's is the wall clock, synchronised.
     `slow_factor` > 1 is the chaos `slow` fault at step 0: this node computes that much slower.
     """
     if device.type == "cpu":
-        # One thread: a node's per-core speed, without the thread pool's barriers, which
-        # stall for whole scheduler slices when the machine is oversubscribed.
+        # One thread: a node's per-core speed in the calling thread, whose CPU time is the
+        # measure, without the thread pool's barriers.
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return _time_matmul(device, size, repeats, slow_factor)
+            return _time_matmul(device, size, repeats, slow_factor, time.thread_time)
         finally:
             torch.set_num_threads(threads)
-    return _time_matmul(device, size, repeats, slow_factor)
+    return _time_matmul(device, size, repeats, slow_factor, time.perf_counter)
 
 
-def _time_matmul(device: torch.device, size: int, repeats: int, slow_factor: float) -> float:
+def _time_matmul(
+    device: torch.device,
+    size: int,
+    repeats: int,
+    slow_factor: float,
+    clock: Callable[[], float],
+) -> float:
     gen = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(size, size, generator=gen).to(device)
     b = torch.randn(size, size, generator=gen).to(device)
@@ -59,15 +70,26 @@ def _time_matmul(device: torch.device, size: int, repeats: int, slow_factor: flo
     for _ in range(TRIALS):
         times = []
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0 = clock()
             c = a @ b
             _sync(device)
             if slow_factor > 1:
-                time.sleep((slow_factor - 1) * (time.perf_counter() - t0))
-            times.append(time.perf_counter() - t0)
+                _slow_down(clock, (slow_factor - 1) * (clock() - t0))
+            times.append(clock() - t0)
         trials.append(statistics.median(times))
     del c
     return min(trials) * repeats
+
+
+def _slow_down(clock: Callable[[], float], seconds: float) -> None:
+    """The chaos fault's extra time, on `clock`: a thread's CPU time passes only while it
+    computes, so on a CPU the slow node computes (spins) for it; the wall clock sleeps."""
+    if clock is time.perf_counter:
+        time.sleep(seconds)
+        return
+    until = clock() + seconds
+    while clock() < until:
+        pass
 
 
 def time_pair_allreduce(
