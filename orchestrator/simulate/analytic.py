@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stalwart.orchestrator.simulate.baselines import detection_s
 from stalwart.orchestrator.simulate.failures import mtbf_s
 from stalwart.orchestrator.simulate.scenario import Scenario
 
@@ -35,8 +36,11 @@ def restart_overhead_s(sc: Scenario) -> float:
     c = sc.costs.restart_storage
     rates = sc.failures.rates()
     total = sum(r.per_gpu_day for r in rates)
-    hang = sum(r.per_gpu_day for r in rates if r.kind == "hang") / total if total else 0.0
-    detect = hang * c.hang_detect_s + (1 - hang) * c.detect_s
+    detect = (
+        sum(r.per_gpu_day * detection_s(sc, r.kind) for r in rates) / total
+        if total
+        else detection_s(sc, "node")
+    )
     return detect + c.restart_s + c.load_s
 
 

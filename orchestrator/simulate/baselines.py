@@ -40,6 +40,13 @@ def unmoved(out: Outcome, sc: Scenario, stragglers: list[Straggler]) -> Outcome:
     return out
 
 
+def detection_s(sc: Scenario, kind: str) -> float:
+    """A world-restart strategy's notice of a failure: NCCL's watchdog for a hang, the
+    timeouts for the rest."""
+    c = sc.costs.restart_storage
+    return c.hang_detect_s if kind == "hang" else c.detect_s
+
+
 def _outcome(name: str, sc: Scenario, seed: int, idle_gpus: int = 0) -> Outcome:
     return Outcome(name, seed, sc.job.horizon_s, gpus=sc.cluster.gpus, idle_gpus=idle_gpus)
 
@@ -54,12 +61,11 @@ def _world_restart(
     stall: float,
     restart_s: float,
 ) -> Outcome:
-    c = sc.costs.restart_storage
     resume = 0.0
     for f in failures:
         at = max(f.at, resume)
         out.interruptions += 1
-        detect = c.hang_detect_s if f.kind == "hang" else c.detect_s
+        detect = detection_s(sc, f.kind)
         redone = min((at - resume) % (interval + stall), interval)
         out.lose("detection", detect)
         out.lose("restart", restart_s)

@@ -5,6 +5,7 @@ failures (common random numbers: their differences are the strategies', not the 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from stalwart.orchestrator.simulate.scenario import DAY_S, Scenario
@@ -24,21 +25,26 @@ class Failure(NamedTuple):
     gpu: int  # on its node
 
 
+def _arrivals(rng: random.Random, per_s: float, horizon: float) -> Iterator[float]:
+    """The times of a Poisson process of rate `per_s` before `horizon` (none at rate 0).
+    A caller may draw more from `rng` between two: the draws stay in one order."""
+    if per_s <= 0:
+        return
+    t = rng.expovariate(per_s)
+    while t < horizon:
+        yield t
+        t += rng.expovariate(per_s)
+
+
 def draw(sc: Scenario, seed: int) -> list[Failure]:
     rng = random.Random(seed)
     causes = [c for c in sc.failures.rates() if c.per_gpu_day > 0]
     per_s = [c.per_gpu_day * sc.cluster.gpus / DAY_S for c in causes]
-    total = sum(per_s)
-    horizon = sc.job.horizon_s
     out: list[Failure] = []
-    if total == 0:
-        return out
-    t = rng.expovariate(total)
-    while t < horizon:
+    for t in _arrivals(rng, sum(per_s), sc.job.horizon_s):
         c = rng.choices(causes, weights=per_s)[0]
         node = rng.randrange(sc.cluster.nodes)
         out.append(Failure(t, c.name, c.kind, node, rng.randrange(sc.cluster.gpus_per_node)))
-        t += rng.expovariate(total)
     return out
 
 
@@ -47,16 +53,10 @@ def draw_stragglers(sc: Scenario, seed: int) -> list[Straggler]:
     scenario's failures are the same with or without stragglers)."""
     rng = random.Random(seed * 104_729 + 3)
     per_s = sc.failures.stragglers.per_gpu_day * sc.failures.scale * sc.cluster.gpus / DAY_S
-    out: list[Straggler] = []
-    if per_s == 0:
-        return out
-    t = rng.expovariate(per_s)
-    while t < sc.job.horizon_s:
-        out.append(
-            Straggler(t, rng.randrange(sc.cluster.nodes), rng.randrange(sc.cluster.gpus_per_node))
-        )
-        t += rng.expovariate(per_s)
-    return out
+    return [
+        Straggler(t, rng.randrange(sc.cluster.nodes), rng.randrange(sc.cluster.gpus_per_node))
+        for t in _arrivals(rng, per_s, sc.job.horizon_s)
+    ]
 
 
 def mtbf_s(sc: Scenario) -> float:

@@ -108,7 +108,13 @@ class Stalwart:
         names = [f"node-{i}" for i in range(sc.cluster.nodes)]
         self.peers = peers(names, self.c.replicas)
         self.rng = random.Random(seed * 7919 + 1)
-        self.out = Outcome("stalwart", seed, sc.job.horizon_s)
+        self.out = Outcome(
+            "stalwart",
+            seed,
+            sc.job.horizon_s,
+            gpus=sc.cluster.gpus,
+            idle_gpus=self.c.spares * sc.cluster.gpus_per_node,  # the spare nodes' GPUs
+        )
         self._restarts = 0
         self._loss_steps: tuple[int, ...] = ()
         self._history: list[tuple[str, float]] = []
@@ -117,8 +123,6 @@ class Stalwart:
         self._made = self.c.spares
         self._cordoned: set[str] = set()
         self._lost_until: dict[str, float] = {}  # node -> until when its copies are gone
-        self.out.gpus = sc.cluster.gpus
-        self.out.idle_gpus = self.c.spares * sc.cluster.gpus_per_node
         # A slow GPU's onset to its flag (its own random numbers: the rest of a run is
         # the same with or without stragglers).
         self._found = (
