@@ -96,10 +96,19 @@ def code_version(spec: JobSpec, base_dir: str | None) -> str:
 OPERATIONAL = ("placement", "checkpoint", "failure", "health", "metrics", "chaos", "output_dir")
 
 
-def baseline_key(spec: JobSpec, base_dir: str | None) -> str:
+def computes(spec: JobSpec) -> dict:
+    """What decides a job's model: its spec without the OPERATIONAL sections and its name,
+    but with checkpoint.init_from (the weights it starts from), which is one of theirs."""
     data = spec.model_dump(mode="json")
-    for field in OPERATIONAL:
+    for field in (*OPERATIONAL, "name"):
         data.pop(field, None)
+    if spec.checkpoint.init_from is not None:
+        data["init_from"] = spec.checkpoint.init_from
+    return data
+
+
+def baseline_key(spec: JobSpec, base_dir: str | None) -> str:
+    data = computes(spec)
     text = json.dumps(data, sort_keys=True)
     return hashlib.sha256(f"{text}\n{code_version(spec, base_dir)}".encode()).hexdigest()[:24]
 

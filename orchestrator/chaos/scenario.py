@@ -268,10 +268,14 @@ def lean_baseline(spec: JobSpec, name: str) -> JobSpec:
     """The failure-free run of `spec`: what decides its model, without what only keeps a
     job alive through faults it will not meet. No spares, no standbys (processes that
     would start and import torch beside the ranks on the same cores), no durable tier (its
-    writes, and a later baseline resuming from them)."""
+    writes, and a later baseline resuming from them), no copies to peers and one snapshot
+    at the end instead of one every checkpoint.every_steps (the per-step capture and
+    commit, which change nothing a run computes: that every setting of them ends with this
+    digest is what the chaos runs check)."""
     failure = spec.failure.model_copy(update={"spares": 0, "standby": False})
-    persist = spec.checkpoint.persist.model_copy(update={"uri": None})
-    checkpoint = spec.checkpoint.model_copy(update={"persist": persist})
+    ckpt = spec.checkpoint.model_dump(mode="json", exclude={"max_lag_steps"})
+    ckpt.update(every_steps=spec.steps, replicas=1, persist={"uri": None})
+    checkpoint = type(spec.checkpoint).model_validate(ckpt)
     return spec.model_copy(update={"name": name, "failure": failure, "checkpoint": checkpoint})
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from stalwart.orchestrator.chaos.runner import OPERATIONAL
+from stalwart.orchestrator.chaos.runner import computes
+from stalwart.orchestrator.chaos.scenario import lean_baseline
 from stalwart.orchestrator.driver import RunOptions, run_job
 from stalwart.orchestrator.spec import set_path, validate
 
@@ -133,18 +134,18 @@ def run(ray_address, tmp_path):
 def make_baseline(run, cache: dict[str, dict[str, Any]]):
     """The failure-free run of a spec through `run`, cached in `cache` by what decides its
     model: specs that differ only in how the job is kept alive (its name and the sections
-    `stalwart chaos run` leaves out of its baseline key) share one run. It writes no
-    durable checkpoints (a later run of the spec would resume from them)."""
+    `stalwart chaos run` leaves out of its baseline key) share one run, which is lean as
+    `stalwart chaos run`'s is (orchestrator/chaos/scenario.py lean_baseline): no spares,
+    standbys, copies or durable checkpoints (a later run of the spec would resume from
+    them), one snapshot at the end."""
 
     def _baseline(spec: dict[str, Any]) -> dict[str, Any]:
         clean = copy.deepcopy(spec)
         clean["chaos"] = {"faults": []}
-        clean.get("checkpoint", {}).pop("persist", None)
-        normal = validate(clean).model_dump(mode="json")
-        computes = {k: v for k, v in normal.items() if k not in (*OPERATIONAL, "name")}
-        key = json.dumps(computes, sort_keys=True)
+        normal = validate(clean)
+        key = json.dumps(computes(normal), sort_keys=True)
         if key not in cache:
-            result = run(clean)
+            result = run(lean_baseline(normal, normal.name).model_dump(mode="json"))
             assert result["status"] == "succeeded", result["error"]
             assert result["failures"] == []
             cache[key] = result

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.component.conftest import HEAVIER, events_of, small_spec, stalwart_cli
+from tests.component.conftest import HEAVIER, events_of, make_runner, small_spec, stalwart_cli
 from tests.component.multinode import WORKER_NODE_CPUS
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(420)]
@@ -93,13 +93,18 @@ def test_slow_rank_with_policy_alert_is_flagged_not_replaced(mrun):
     assert result["cordoned"] == []
 
 
-# A healthy 500-step run: this test's subject, and the loss reference of the elastic test
-# below (one run for both, through the session's baseline cache).
-HEALTHY_500 = small_spec(steps=500)
+@pytest.fixture(scope="module")
+def healthy_500(multinode, tmp_path_factory):
+    """A healthy 500-step run, snapshots and copies as usual (not a lean baseline): the
+    subject of the test below, and the loss reference of the elastic test (one run for
+    both)."""
+    multinode.ensure_worker_nodes(3)
+    run = make_runner(multinode.address, tmp_path_factory.mktemp("healthy"))
+    return run(small_spec(steps=500))
 
 
-def test_healthy_500_step_run_has_no_straggler_flags(mbaseline):
-    result = mbaseline(HEALTHY_500)
+def test_healthy_500_step_run_has_no_straggler_flags(healthy_500):
+    result = healthy_500
     assert result["status"] == "succeeded", result["error"]
     assert result["stragglers"] == []
     assert events_of(result, "straggler") == []
@@ -156,7 +161,7 @@ def _wait_for_event(out: Path, kind: str, timeout_s: float, since: int = 0) -> d
     raise AssertionError(f"no {kind!r} event within {timeout_s} s")
 
 
-def test_elastic_shrink_when_no_capacity_and_grow_back(multinode, tmp_path, mbaseline):
+def test_elastic_shrink_when_no_capacity_and_grow_back(multinode, tmp_path, healthy_500):
     """4 ranks, one per node (2 CPUs each); a node dies and no node has room: the job goes on
     with 3 ranks after failure.replacement_timeout_s, and grows back to 4 when a node joins.
     Exactness cannot hold across world sizes: the loss must stay on course."""
@@ -191,7 +196,7 @@ def test_elastic_shrink_when_no_capacity_and_grow_back(multinode, tmp_path, mbas
     assert result["workers"] == 4
     # The loss reference: the same model at a fixed world size of 4 (one torch thread per
     # rank instead of two sums a little differently: the loss check allows far more).
-    clean = mbaseline(HEALTHY_500)
+    clean = healthy_500
     assert result["steps_completed"] == 500
     assert abs(result["final_loss"] - clean["final_loss"]) < 0.15 * clean["final_loss"], (
         result["final_loss"],

@@ -53,15 +53,17 @@ def test_every_example_scenario_loads_and_builds_its_jobs():
         assert len(steps) + len(timed) + outside >= 1
         assert clean.name.endswith("-baseline") and faulty.name.endswith("-chaos")
         # Both are the same job but for the faults, and for what only keeps the job alive
-        # through them: the baseline starts no spare or standby and writes no durable
-        # checkpoint (nor resumes from one).
+        # through them: the baseline starts no spare or standby, writes no durable
+        # checkpoint (nor resumes from one), copies nothing to peers and snapshots once.
         assert (clean.failure.spares, clean.failure.standby) == (0, False)
         assert clean.checkpoint.persist.uri is None
+        assert (clean.checkpoint.replicas, clean.checkpoint.every_steps) == (1, clean.steps)
+        assert clean.checkpoint.init_from == faulty.checkpoint.init_from
         a = clean.model_dump(exclude={"name", "chaos"})
         b = faulty.model_dump(exclude={"name", "chaos"})
         for spec in (a, b):
             del spec["failure"]["spares"], spec["failure"]["standby"]
-            del spec["checkpoint"]["persist"]["uri"]
+            del spec["checkpoint"]
         assert a == b, path
 
 
@@ -78,7 +80,15 @@ def test_specs_that_differ_only_in_how_the_job_is_kept_alive_share_a_baseline():
     ]
     for change in operational:
         assert baseline_key(validate({**base, **change}), None) == key, change
-    computing = [{"steps": 101}, {"seed": 1}, {"workers": 2}, {"config": {"lr": 0.001}}]
+    assert baseline_key(validate({**base, "name": "another"}), None) == key
+    computing = [
+        {"steps": 101},
+        {"seed": 1},
+        {"workers": 2},
+        {"config": {"lr": 0.001}},
+        # In the checkpoint section, but the weights the job starts from.
+        {"checkpoint": {"init_from": "/tmp/another-jobs-step"}},
+    ]
     for change in computing:
         assert baseline_key(validate({**base, **change}), None) != key, change
 
