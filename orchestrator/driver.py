@@ -172,7 +172,7 @@ def run_job(
     # Imported in this thread, before Ray connects: torch imported in a second thread
     # while ray.init ran crashed the driver now and then ("Intel oneMKL FATAL ERROR: Cannot
     # load libtorch_cpu.so", then SIGSEGV, on a cluster the Jobs API runs it on).
-    from stalwart.orchestrator.supervisor.actor import JobSupervisor as job_supervisor
+    from stalwart.orchestrator.supervisor.actor import supervisor_class
 
     # Connected first: an address that does not answer leaves no empty run directory.
     where = connect(opts.address, spec, opts.num_cpus, opts.connect_timeout_s)
@@ -214,7 +214,7 @@ def run_job(
         def start(adopt: dict[str, Any] | None) -> Any:
             marks.setdefault("supervisor_requested", time.time())
             return (
-                ray.remote(job_supervisor)
+                supervisor_class()
                 .options(
                     num_cpus=0,
                     max_concurrency=8,

@@ -3,6 +3,7 @@ again by its name when a restarted supervisor takes the job back."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import ray
@@ -14,12 +15,19 @@ from stalwart.orchestrator.spec import JobSpec
 AGENT_PREFIX = "stalwart-agent-"
 
 
+@functools.cache
+def _agent_class() -> Any:
+    """One Ray actor class for every agent this process starts: Ray pickles, hashes and
+    exports a class once per actor class and job, and ray.remote() makes a new one."""
+    return ray.remote(NodeAgent)
+
+
 def start_agent(spec: JobSpec, store_key: str, node: str) -> Any:
     """Job `store_key`'s node agent on `node`: the one already started (the driver starts
     the embedded Ray's as the supervisor starts), else a new one."""
     gpu = spec.health.gpu
     return (
-        ray.remote(NodeAgent)
+        _agent_class()
         .options(
             num_cpus=0,
             max_concurrency=32,

@@ -11,6 +11,7 @@ outside any slot. The spares are supervisor/spares.py's, the standbys standby.py
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -275,7 +276,7 @@ class WorkerPool:
         if spec.runtime_env:
             options["runtime_env"] = spec.runtime_env
         return (
-            ray.remote(WorkerActor)
+            _worker_class()
             .options(**options)
             .remote(
                 job=spec.name,
@@ -570,3 +571,9 @@ class WorkerPool:
         for agent in self.agents.values():
             ray.kill(agent, no_restart=True)
         self.slots.close()
+
+
+@functools.cache
+def _worker_class() -> Any:
+    """One Ray actor class for every worker this supervisor starts (agents.py's reason)."""
+    return ray.remote(WorkerActor)

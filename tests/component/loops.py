@@ -169,7 +169,8 @@ def nan_loss_loop(ctx) -> None:
 def waits_for_standbys_loop(ctx) -> None:
     """The GPT loop, except that rank 0, on reaching a step of `standbys_at`, waits (at most
     120 s) until the job's event log shows a ready standby on every node holding ranks: a
-    fault after it finds them."""
+    fault after it finds them. A job without standbys (its failure-free baseline, lean)
+    waits for none."""
     import json
     import time
     from pathlib import Path
@@ -193,9 +194,15 @@ def waits_for_standbys_loop(ctx) -> None:
                         ready[how["node"]] -= 1
         return bool(node_of) and all(ready.get(n, 0) > 0 for n in node_of.values())
 
+    def planned() -> bool:
+        for e in (json.loads(line) for line in events.read_text().splitlines() if line):
+            if e["type"] == "standby_plan":
+                return bool(e["enabled"])
+        return True
+
     def report(**metrics):
         original(**metrics)
-        if ctx.rank == 0 and ctx.progress.step in waits:
+        if ctx.rank == 0 and ctx.progress.step in waits and planned():
             deadline = time.monotonic() + 120
             while not every_node_has_one():
                 if time.monotonic() > deadline:
