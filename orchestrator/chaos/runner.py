@@ -432,7 +432,7 @@ def baseline_digest(
         )
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # runs sharing the cache
         tmp.write_text(
             json.dumps(
                 {
