@@ -172,7 +172,8 @@ def run_job(
     # Imported in this thread, before Ray connects: torch imported in a second thread
     # while ray.init ran crashed the driver now and then ("Intel oneMKL FATAL ERROR: Cannot
     # load libtorch_cpu.so", then SIGSEGV, on a cluster the Jobs API runs it on).
-    from stalwart.orchestrator.supervisor.actor import supervisor_class
+    from stalwart.orchestrator.ray_classes import actor_class
+    from stalwart.orchestrator.supervisor.actor import JobSupervisor
 
     # Connected first: an address that does not answer leaves no empty run directory.
     where = connect(opts.address, spec, opts.num_cpus, opts.connect_timeout_s)
@@ -214,7 +215,7 @@ def run_job(
         def start(adopt: dict[str, Any] | None) -> Any:
             marks.setdefault("supervisor_requested", time.time())
             return (
-                supervisor_class()
+                actor_class(JobSupervisor)
                 .options(
                     num_cpus=0,
                     max_concurrency=8,

@@ -13,7 +13,6 @@ the decision to recovery, whose steps say how they ended. It decides nothing its
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -532,14 +531,6 @@ class JobSupervisor:
         )
         self.ckpt.plan.note_waits(self.metrics.copy_wait_s, now)
         self._metrics_cost = time.perf_counter() - started
-
-
-@functools.cache
-def supervisor_class() -> Any:
-    """The supervisor as one Ray actor class for every job this process drives: Ray
-    pickles, hashes and exports a class once per actor class and job, and ray.remote()
-    makes a new one each time."""
-    return ray.remote(JobSupervisor)
 
 
 def _failure_event(f: WorkerFailure) -> dict[str, Any]:

@@ -3,23 +3,15 @@ again by its name when a restarted supervisor takes the job back."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from stalwart.orchestrator.agent.actor import NodeAgent
+from stalwart.orchestrator.ray_classes import actor_class
 from stalwart.orchestrator.spec import JobSpec
 
 AGENT_PREFIX = "stalwart-agent-"
-
-
-@functools.cache
-def _agent_class() -> Any:
-    """One Ray actor class for every agent this process starts: Ray pickles, hashes and
-    exports a class once per actor class and job, and ray.remote() makes a new one."""
-    return ray.remote(NodeAgent)
 
 
 def start_agent(spec: JobSpec, store_key: str, node: str) -> Any:
@@ -27,7 +19,7 @@ def start_agent(spec: JobSpec, store_key: str, node: str) -> Any:
     the embedded Ray's as the supervisor starts), else a new one."""
     gpu = spec.health.gpu
     return (
-        _agent_class()
+        actor_class(NodeAgent)
         .options(
             num_cpus=0,
             max_concurrency=32,

@@ -11,7 +11,6 @@ outside any slot. The spares are supervisor/spares.py's, the standbys standby.py
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from ray.util.scheduling_strategies import (
     NotIn,
 )
 
+from stalwart.orchestrator.ray_classes import actor_class
 from stalwart.orchestrator.spec import JobSpec
 from stalwart.orchestrator.supervisor.agents import AGENT_PREFIX, start_agent
 from stalwart.orchestrator.supervisor.memory_check import ask_rooms, check_memory, checkpoint_need
@@ -276,7 +276,7 @@ class WorkerPool:
         if spec.runtime_env:
             options["runtime_env"] = spec.runtime_env
         return (
-            _worker_class()
+            actor_class(WorkerActor)
             .options(**options)
             .remote(
                 job=spec.name,
@@ -571,9 +571,3 @@ class WorkerPool:
         for agent in self.agents.values():
             ray.kill(agent, no_restart=True)
         self.slots.close()
-
-
-@functools.cache
-def _worker_class() -> Any:
-    """One Ray actor class for every worker this supervisor starts (agents.py's reason)."""
-    return ray.remote(WorkerActor)
