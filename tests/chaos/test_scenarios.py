@@ -35,20 +35,26 @@ pytestmark = [pytest.mark.component, pytest.mark.timeout(900)]
 EXAMPLES = REPO / "examples" / "chaos"
 # kill-worker runs through the CLI below (test_chaos_run_cli_on_a_cluster_it_did_not_start).
 ALL = sorted(p.stem for p in EXAMPLES.glob("*.yaml") if p.name != "job.yaml")
+LOADED = {name: load_scenario(EXAMPLES / f"{name}.yaml") for name in ALL}
 # The faults of the network need nodes with networks of their own: test_network.py.
-NETWORK = sorted(n for n in ALL if load_scenario(EXAMPLES / f"{n}.yaml").cluster.network == "netns")
+NETWORK = sorted(n for n in ALL if LOADED[n].cluster.network == "netns")
 # The faults of Ray itself need the local cluster the runner starts: test_ray_faults.py.
-RAY = sorted(n for n in ALL if load_scenario(EXAMPLES / f"{n}.yaml").ray_faults())
+RAY = sorted(n for n in ALL if LOADED[n].ray_faults())
 # A run -> the scenarios whose faults it holds, one after the other (their own runs would
 # repeat it, each paying a job's start: the suite runs the one, a user either).
 HELD = {"rank-faults": ("kill-during-snapshot", "hang", "nan-loss", "gpu-xid")}
-SCENARIOS = [
-    name
-    for name in ALL
-    if name != "kill-worker"
-    and name not in NETWORK + RAY
-    and not any(name in held for held in HELD.values())
-]
+# In the order of the worker nodes they ask for (then by name): the cluster grows to 4 and 5
+# nodes once each, not back and forth between scenarios.
+SCENARIOS = sorted(
+    (
+        name
+        for name in ALL
+        if name != "kill-worker"
+        and name not in NETWORK + RAY
+        and not any(name in held for held in HELD.values())
+    ),
+    key=lambda name: (LOADED[name].cluster.worker_nodes, name),
+)
 
 
 @pytest.fixture(scope="module")
