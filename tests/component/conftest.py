@@ -64,18 +64,28 @@ def small_spec(**changes: Any) -> dict[str, Any]:
     return spec
 
 
+# The `stalwart` command as the tests start it: this Python, the repository's package.
+CLI = (sys.executable, "-m", "stalwart.orchestrator.cli")
+
+
+def cli_env(address: str | None = None) -> dict[str, str]:
+    """The environment the CLI runs in, as a user's: RAY_ADDRESS set to `address` (unset by
+    default)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    if address is not None:
+        env["RAY_ADDRESS"] = address
+    return env
+
+
 def stalwart_cli(
     *args: str, timeout: float = 240, address: str | None = None
 ) -> subprocess.CompletedProcess:
     """Run the `stalwart` CLI as a user would, in the repository, with RAY_ADDRESS set to
     `address` (unset by default)."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    if address is not None:
-        env["RAY_ADDRESS"] = address
     return subprocess.run(
-        [sys.executable, "-m", "stalwart.orchestrator.cli", *args],
+        [*CLI, *args],
         cwd=REPO,
-        env=env,
+        env=cli_env(address),
         capture_output=True,
         text=True,
         timeout=timeout,

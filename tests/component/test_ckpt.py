@@ -9,7 +9,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from stalwart.ckpt.durable import DurableStore
 from stalwart.ckpt.footprint import COMMITS_KEPT, VERSIONS
 from stalwart.ckpt.snapshot import restore
 from stalwart.orchestrator.spec import validate
-from tests.component.conftest import REPO, events_of, small_spec, stalwart_cli
+from tests.component.conftest import CLI, REPO, cli_env, events_of, small_spec, stalwart_cli
 from tests.component.multinode import WORKER_NODE_CPUS
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(420)]
@@ -228,11 +227,12 @@ def test_driver_sigkill_then_rerun_resumes_from_the_last_durable_step(
     )
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(spec))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = cli_env()
     first_out = tmp_path / "first"
     first = subprocess.Popen(
         [
-            *(sys.executable, "-m", "stalwart.orchestrator.cli", "run", str(job)),
+            *CLI,
+            *("run", str(job)),
             *("--address", multinode.address, "--run-dir", str(first_out), "-o", "json"),
         ],
         cwd=REPO,
