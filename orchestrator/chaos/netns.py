@@ -200,7 +200,18 @@ class NetnsCluster:
 
     def _ray(self, ns: str | None, *args: str) -> subprocess.Popen:
         name = ns or "head"
-        cmd = [ray_command() or "ray", "start", "--block", "--disable-usage-stats", *args]
+        # No log monitor: stalwart's drivers take no worker output from Ray (log_to_driver
+        # is off; the ranks' output comes through stalwart), and every node's monitor would
+        # tail the whole session's log files, the head's and the other nodes' too (one
+        # machine, one session directory), at a cost that grows with the jobs run.
+        cmd = [
+            ray_command() or "ray",
+            "start",
+            "--block",
+            "--disable-usage-stats",
+            "--include-log-monitor=false",
+            *args,
+        ]
         if ns is not None:
             cmd = ["ip", "netns", "exec", ns, *cmd]
         with open(self._logs / f"{name}.log", "w") as out:

@@ -195,7 +195,13 @@ def local_cluster(sc: Scenario) -> Iterator[Any]:
         cluster = Cluster(
             initialize_head=True,
             connect=False,
-            head_node_args={"num_cpus": 0, "include_dashboard": False},
+            # No log monitor (the head's would tail every node's log files): stalwart's
+            # drivers take no worker output from Ray.
+            head_node_args={
+                "num_cpus": 0,
+                "include_dashboard": False,
+                "include_log_monitor": False,
+            },
         )
         try:
             for _ in range(sc.cluster.worker_nodes):

@@ -100,7 +100,9 @@ def ray_address():
     cluster = Cluster(
         initialize_head=True,
         connect=False,
-        head_node_args={"num_cpus": 8, "include_dashboard": False},
+        # No log monitor: it would tail every job's log files for the session's life, for
+        # no one (stalwart's drivers take no worker output from Ray).
+        head_node_args={"num_cpus": 8, "include_dashboard": False, "include_log_monitor": False},
     )
     try:
         yield cluster.address

@@ -13,7 +13,13 @@ class MultiNode:
         self.cluster = Cluster(
             initialize_head=True,
             connect=False,
-            head_node_args={"num_cpus": 0, "include_dashboard": False},
+            # No log monitor: it would tail every job's log files for the module's life,
+            # for no one (stalwart's drivers take no worker output from Ray).
+            head_node_args={
+                "num_cpus": 0,
+                "include_dashboard": False,
+                "include_log_monitor": False,
+            },
         )
         self.address = self.cluster.address
 
