@@ -27,7 +27,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 def test_ctrl_c_cancels_and_reports(tmp_path, ray_address):
     spec_path = tmp_path / "long.yaml"
-    spec_path.write_text(yaml.safe_dump(small_spec(steps=100000)))
+    spec_path.write_text(yaml.safe_dump(small_spec(workers=2, steps=100000)))
     out = tmp_path / "run"
     env = {**os.environ, "RAY_ADDRESS": ray_address}
     proc = subprocess.Popen(

@@ -29,6 +29,7 @@ def _wait_for_running(events_file, timeout_s: float) -> None:
 def test_status_of_a_running_job_then_of_its_run_directory(run, ray_address, tmp_path):
     spec = small_spec(
         name="ct-status",
+        workers=2,  # what is shown does not depend on the world's size
         steps=100_000,  # cancelled once checked
         chaos__faults=[{"kind": "kill_worker", "rank": 1, "at_step": 3}],
     )
