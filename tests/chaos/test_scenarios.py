@@ -59,7 +59,7 @@ SCENARIOS = sorted(
 
 @pytest.fixture(scope="module")
 def cluster(multinode):
-    """This module's multi-node Ray (tests/component/conftest.py's `multinode`)."""
+    """The session's multi-node Ray (tests/conftest.py's `multinode`), sized per scenario."""
     return multinode
 
 

@@ -176,29 +176,18 @@ def events_of(result: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     return [e for e in result["events"] if e["type"] == kind]
 
 
-# --- a multi-node cluster per test module (tests/component/multinode.py) ---------------------
-
-
-@pytest.fixture(scope="module")
-def multinode():
-    from tests.component.multinode import MultiNode
-
-    mn = MultiNode()
-    try:
-        yield mn
-    finally:
-        mn.shutdown()
+# --- the session's multi-node cluster (tests/conftest.py, tests/component/multinode.py) -------
 
 
 @pytest.fixture
 def mrun(multinode, tmp_path):
-    """Run a job spec dict on this module's multi-node cluster (3 worker nodes at least)."""
+    """Run a job spec dict on the session's multi-node cluster (3 worker nodes at least)."""
     multinode.ensure_worker_nodes(3)
     return make_runner(multinode.address, tmp_path)
 
 
 @pytest.fixture
 def mbaseline(mrun, _baselines):
-    """The failure-free run of a spec, on this module's cluster unless the session has it
+    """The failure-free run of a spec, on the multi-node cluster unless the session has it
     already (a model does not depend on the cluster it was trained on)."""
     return make_baseline(mrun, _baselines)
