@@ -200,10 +200,8 @@ class NetnsCluster:
 
     def _ray(self, ns: str | None, *args: str) -> subprocess.Popen:
         name = ns or "head"
-        # No log monitor: stalwart's drivers take no worker output from Ray (log_to_driver
-        # is off; the ranks' output comes through stalwart), and every node's monitor would
-        # tail the whole session's log files, the head's and the other nodes' too (one
-        # machine, one session directory), at a cost that grows with the jobs run.
+        # No log monitor (runner.py's QUIET_HEAD says why); here every node would run one,
+        # each tailing the whole session's log files (one machine, one session directory).
         cmd = [
             ray_command() or "ray",
             "start",

@@ -93,6 +93,11 @@ def code_version(spec: JobSpec, base_dir: str | None) -> str:
 # How a job is kept alive, never what it computes: specs that differ only here share a
 # baseline. A digest that differs for one of them is a finding (a knob that changed the
 # model), not a reason to keep separate baselines.
+# What the heads of the local clusters stalwart and its tests start leave out: the dashboard,
+# and the log monitor, which would tail every job's log files for the cluster's life for no
+# one (stalwart's drivers take no worker output from Ray: log_to_driver is off, the ranks'
+# output comes through stalwart).
+QUIET_HEAD = {"include_dashboard": False, "include_log_monitor": False}
 OPERATIONAL = ("placement", "checkpoint", "failure", "health", "metrics", "chaos", "output_dir")
 
 
@@ -195,13 +200,7 @@ def local_cluster(sc: Scenario) -> Iterator[Any]:
         cluster = Cluster(
             initialize_head=True,
             connect=False,
-            # No log monitor (the head's would tail every node's log files): stalwart's
-            # drivers take no worker output from Ray.
-            head_node_args={
-                "num_cpus": 0,
-                "include_dashboard": False,
-                "include_log_monitor": False,
-            },
+            head_node_args={"num_cpus": 0, **QUIET_HEAD},
         )
         try:
             for _ in range(sc.cluster.worker_nodes):

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from stalwart.orchestrator.chaos.runner import computes
+from stalwart.orchestrator.chaos.runner import QUIET_HEAD, computes
 from stalwart.orchestrator.chaos.scenario import lean_baseline
 from stalwart.orchestrator.driver import RunOptions, run_job
 from stalwart.orchestrator.spec import set_path, validate
@@ -100,9 +100,7 @@ def ray_address():
     cluster = Cluster(
         initialize_head=True,
         connect=False,
-        # No log monitor: it would tail every job's log files for the session's life, for
-        # no one (stalwart's drivers take no worker output from Ray).
-        head_node_args={"num_cpus": 8, "include_dashboard": False, "include_log_monitor": False},
+        head_node_args={"num_cpus": 8, **QUIET_HEAD},
     )
     try:
         yield cluster.address

@@ -10,16 +10,12 @@ class MultiNode:
     def __init__(self):
         from ray.cluster_utils import Cluster
 
+        from stalwart.orchestrator.chaos.runner import QUIET_HEAD
+
         self.cluster = Cluster(
             initialize_head=True,
             connect=False,
-            # No log monitor: it would tail every job's log files for the module's life,
-            # for no one (stalwart's drivers take no worker output from Ray).
-            head_node_args={
-                "num_cpus": 0,
-                "include_dashboard": False,
-                "include_log_monitor": False,
-            },
+            head_node_args={"num_cpus": 0, **QUIET_HEAD},
         )
         self.address = self.cluster.address
 

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import yaml
 
-from tests.component.conftest import REPO, small_spec
+from tests.component.conftest import CLI, REPO, cli_env, small_spec
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(240)]
 
@@ -29,19 +27,10 @@ def test_ctrl_c_cancels_and_reports(tmp_path, ray_address):
     spec_path = tmp_path / "long.yaml"
     spec_path.write_text(yaml.safe_dump(small_spec(workers=2, steps=100000)))
     out = tmp_path / "run"
-    env = {**os.environ, "RAY_ADDRESS": ray_address}
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "stalwart.orchestrator.cli",
-            "run",
-            str(spec_path),
-            "--run-dir",
-            str(out),
-        ],
+        [*CLI, "run", str(spec_path), "--run-dir", str(out)],
         cwd=REPO,
-        env=env,
+        env=cli_env(ray_address),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
