@@ -21,6 +21,8 @@ python -m compileall -q -j 0 orchestrator health ckpt dashboards stalwart exampl
   >/dev/null
 ruff check .
 ruff format --check .
+# Which machine, and how fast: the suite's time scales with it (docs/benchmarks.md).
+python scripts/machine.py || true
 set +e
 python -m pytest "$@"
 rc=$?
