@@ -20,15 +20,20 @@ LOOP += "print(__import__('time').process_time() - t)"
 IMPORT = "import time; t = time.process_time(); import torch; print(time.process_time() - t)"
 
 
-def _cpu_model() -> str:
+def _cpu() -> str:
+    """The CPU's model and the widest vector extension torch's kernels can use, from one
+    read of /proc/cpuinfo."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            text = f.read()
     except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+        return platform.processor() or "unknown CPU"
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")),
+        platform.processor() or "unknown CPU",
+    )
+    flags = " AVX-512" if " avx512f" in text else (" AVX2" if " avx2" in text else "")
+    return model + flags
 
 
 def _cpu_seconds(code: str) -> float | None:
@@ -47,19 +52,12 @@ def _cpu_seconds(code: str) -> float | None:
 def main() -> int:
     started = time.monotonic()
     loop, imp = _cpu_seconds(LOOP), _cpu_seconds(IMPORT)
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read()
-        flags = " AVX-512" if " avx512f" in text else (" AVX2" if " avx2" in text else "")
-    except OSError:
-        pass
 
     def fmt(x: float | None) -> str:
         return "?" if x is None else f"{x:.2f} s"
 
     print(
-        f"machine: {_cpu_model()}{flags}, {os.cpu_count()} CPUs; CPU time of a 10^7-step "
+        f"machine: {_cpu()}, {os.cpu_count()} CPUs; CPU time of a 10^7-step "
         f"Python loop {fmt(loop)}, of `import torch` {fmt(imp)} "
         f"(measured in {time.monotonic() - started:.1f} s)"
     )
