@@ -143,6 +143,15 @@ class Checkpoints:
             (self.stored, self.replicas_held), self.pool.bad.lost, self.borrowed
         )
 
+    def _not_told(self, node: str | None, rank: int, step: int) -> bool:
+        """`node`, live, has not reported `rank`'s shard of `step` or any newer one yet
+        (False when it reported a newer one: it holds `step` no more)."""
+        if node is None or node not in self.pool.agents or node in self.pool.bad.lost:
+            return False
+        held = self.stored.get(node, {})
+        steps = held.get(rank, held.get(str(rank), ()))
+        return max(steps, default=-1) < step
+
     def complete_in_memory(self) -> set[int]:
         """Steps of which every rank's shard is in some live node's memory."""
         return holdings.complete(self.in_memory(), self.pool.world)
@@ -422,7 +431,13 @@ class Checkpoints:
             nodes = by_rank.get(self.borrowed.get(rank, rank), [])
             if not nodes:
                 return False  # (a shrink or rekey moved it): next time
-            node = holdings.pick(nodes, pool.worker_info.get(rank, {}).get("node_id"))
+            here = pool.worker_info.get(rank, {}).get("node_id")
+            if here not in nodes and rank not in self.borrowed and self._not_told(here, rank, due):
+                # A peer's report of its copy came in before the rank's own node's report
+                # of the shard: the next poll has it there (else every shard of a node
+                # would be written by the lowest-id holder of its copies).
+                return False
+            node = holdings.pick(nodes, here)
             assignment.setdefault(node, (pool.agents[node], []))[1].append(rank)
         faults = self.chaos_persist(due, list(assignment))
         self.persister.start(due, pool.world, assignment, faults)
