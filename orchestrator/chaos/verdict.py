@@ -44,6 +44,8 @@ class FaultRow:
     tiers: dict[str, int] = field(default_factory=dict)  # restore tier -> ranks
     noticed: str | None = None  # for kinds that fail no rank: the event that shows it
     target: str | None = None  # a network fault's: "n2 (rank 1)", what it hit
+    # A network fault's: when it was held, [start, end] wall clock (a flap has several).
+    windows: list[list[float]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -150,8 +152,9 @@ def network_rows(
                 row.steps_lost = _worst(x.get("steps_redone") for x in mine)
                 row.restored_step = mine[0].get("restored_step")
                 row.tiers = dict(mine[0].get("restore_tiers") or {})
-            held = sum(end - start for start, end in a.get("windows", []))
-            row.noticed = f"{len(a.get('windows', []))} window(s), {held:.1f} s in all"
+            row.windows = [list(w) for w in a.get("windows", [])]
+            held = sum(end - start for start, end in row.windows)
+            row.noticed = f"{len(row.windows)} window(s), {held:.1f} s in all"
         rows.append(row)
     return rows
 
