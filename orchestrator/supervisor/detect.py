@@ -89,6 +89,7 @@ class Detection:
         self._straggling: set[int] = set()
         self.ray_nodes = RayNodeTable(RAY_NODES_CHECK_S)  # read off the control loop
         self._isolated = False  # every node silent at once, told once per spell
+        self._spell_s = 0.0  # how long every node has been silent, while they are
         self._hang_told: HangTimeouts | None = None  # the timeouts the last event gave
 
     # --- observations -----------------------------------------------------------------------
@@ -149,11 +150,22 @@ class Detection:
     def lost_nodes(self, now: float) -> tuple[list[str], str]:
         alone = self.monitor.isolated_for(now)
         if self._isolated and alone is None:
-            # The link is back: a node still silent gets its own heartbeat timeout from
-            # now (TCP resends what the cut lost one node after another), not the spell.
+            # The link is back: a node still silent gets its own heartbeat timeout, from
+            # as long after now as the spell lasted. Its connection resends what the cut
+            # held back on TCP's retransmission backoff (each wait twice the last, from
+            # 0.2 s), whose next try comes up to about the cut's length after the heal: an
+            # 8 s cut had two nodes answer 3.2 s after the first, and with no grace they
+            # were declared lost (CI, 2026-12-07).
             self._isolated = False
-            self.monitor.restart_silence(now)
-            self._emit("supervisor_reconnected", reason="a node answered again")
+            self.monitor.restart_silence(now, grace_s=self._spell_s)
+            self._emit(
+                "supervisor_reconnected",
+                spell_s=round(self._spell_s, 1),
+                reason="a node answered again; the others are waited for "
+                f"{self._spell_s:.1f} s more than health.heartbeat_timeout_s",
+            )
+        if alone is not None:
+            self._spell_s = alone
         lost, reason = self.monitor.lost_nodes(now)
         if alone is not None and not self._isolated and not lost:
             self._isolated = True

@@ -120,11 +120,11 @@ class HealthMonitor:
             self.cfg.isolated_timeout_s,
         )
 
-    def restart_silence(self, now: float) -> None:
-        """Every node still waited on counts its silence from `now`."""
+    def restart_silence(self, now: float, grace_s: float = 0.0) -> None:
+        """Every node still waited on counts its silence from `grace_s` after `now`."""
         for node, v in list(self.nodes.items()):
             if v.unanswered_since is not None:
-                self.nodes[node] = replace(v, unanswered_since=now)
+                self.nodes[node] = replace(v, unanswered_since=now + grace_s)
 
     def isolated_for(self, now: float) -> float | None:
         return isolated_for(list(self.nodes.values()), now, self.cfg.heartbeat_timeout_s)

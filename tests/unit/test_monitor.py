@@ -683,14 +683,16 @@ def test_an_isolated_timeout_of_zero_treats_them_as_any_silent_node(clock):
 
 def test_once_the_supervisors_link_is_back_a_node_still_silent_gets_its_own_timeout(clock):
     """After a spell of every node silent, the first to answer ends it; the others (their
-    connections still resending what the cut lost) count their silence from then."""
+    connections resending what the cut held back on TCP's backoff, up to about the spell's
+    length after the heal) count their silence from the spell's length after then."""
     m = monitor(heartbeat_timeout_s=3.0, isolated_timeout_s=30.0)
     t0 = _all_asked(m, "ab", clock())
     assert m.lost_nodes(t0 + 12.0)[0] == []  # isolated
     m.node_answered("a")
-    m.restart_silence(t0 + 12.0)  # what the supervisor does when the spell ends
-    assert m.lost_nodes(t0 + 14.9)[0] == []
-    assert m.lost_nodes(t0 + 15.0)[0] == ["b"]
+    m.restart_silence(t0 + 12.0, grace_s=12.0)  # what the supervisor does when it ends
+    assert m.isolated_for(t0 + 14.0) is None
+    assert m.lost_nodes(t0 + 26.9)[0] == []
+    assert m.lost_nodes(t0 + 27.0)[0] == ["b"]
 
 
 def test_nodes_cut_a_moment_apart_are_one_spell(clock):
