@@ -28,6 +28,9 @@ from stalwart.orchestrator.supervisor.replica_plan import ReplicaPlan
 from stalwart.orchestrator.supervisor.resources import SchedulingError
 
 FINAL_PERSIST_TIMEOUT_S = 300.0  # a finished job waits this long for its last checkpoint
+# A durable write waits this long for a rank's own node to report its shard of the step
+# (a peer's report of its copy came in first); then a peer holding it writes it.
+OWN_REPORT_WAIT_S = 2.0
 
 
 class Checkpoints:
@@ -64,6 +67,7 @@ class Checkpoints:
         self._kept: tuple[int, ...] = ()  # the steps last sent to agents as `keep`
         self._dropped_below: int | None = None
         self._prune_seq = 0  # numbers the agents' prune calls (they may overtake)
+        self._own_wait: tuple[int, float] | None = None  # (step, since): OWN_REPORT_WAIT_S
         persist = spec.checkpoint.persist
         self.persister = (
             Persister(persist, spec.name, emit, run=pool.store_key) if persist.uri else None
@@ -151,6 +155,15 @@ class Checkpoints:
         held = self.stored.get(node, {})
         steps = held.get(rank, held.get(str(rank), ()))
         return max(steps, default=-1) < step
+
+    def _waiting_for_own(self, step: int) -> bool:
+        """Whether `step`'s write still waits for an own node's report: for
+        OWN_REPORT_WAIT_S from the first time it did (a node that never reports the shard
+        does not hold the write up)."""
+        now = time.monotonic()
+        if self._own_wait is None or self._own_wait[0] != step:
+            self._own_wait = (step, now)
+        return now - self._own_wait[1] < OWN_REPORT_WAIT_S
 
     def complete_in_memory(self) -> set[int]:
         """Steps of which every rank's shard is in some live node's memory."""
@@ -432,10 +445,11 @@ class Checkpoints:
             if not nodes:
                 return False  # (a shrink or rekey moved it): next time
             here = pool.worker_info.get(rank, {}).get("node_id")
-            if here not in nodes and rank not in self.borrowed and self._not_told(here, rank, due):
-                # A peer's report of its copy came in before the rank's own node's report
-                # of the shard: the next poll has it there (else every shard of a node
-                # would be written by the lowest-id holder of its copies).
+            # A peer's report of its copy came in before the rank's own node's report of
+            # the shard: a poll or two has it there (else every shard of a node would be
+            # written by the lowest-id holder of its copies).
+            early = here not in nodes and rank not in self.borrowed
+            if early and self._not_told(here, rank, due) and self._waiting_for_own(due):
                 return False
             node = holdings.pick(nodes, here)
             assignment.setdefault(node, (pool.agents[node], []))[1].append(rank)

@@ -155,7 +155,7 @@ class Detection:
             # held back on TCP's retransmission backoff (each wait twice the last, from
             # 0.2 s), whose next try comes up to about the cut's length after the heal: an
             # 8 s cut had two nodes answer 3.2 s after the first, and with no grace they
-            # were declared lost (CI, 2026-12-07).
+            # were declared lost (a full run of the suite, 2026-12-07).
             self._isolated = False
             self.monitor.restart_silence(now, grace_s=self._spell_s)
             self._emit(

@@ -239,7 +239,7 @@ def _kill_during_persist(result, events, verdict):
     assert fault["during"] == "persist" and fault["step"] >= 40
     # The write of the step the node died in ended there, naming the node: failed (its
     # writer's error came in first) or dropped at the node's loss (persist_fenced, when the
-    # loss was found first: a race, and CI has seen both). That write never completed: a
+    # loss was found first: a race; runs have seen both). That write never completed: a
     # manifest of the step, if any, is a later generation's (the step is at or below its
     # restore step, the job's history, the same bytes), never generation 1's.
     ended = [

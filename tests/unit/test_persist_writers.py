@@ -9,14 +9,14 @@ from types import SimpleNamespace
 import pytest
 
 from stalwart.orchestrator.spec import validate
-from stalwart.orchestrator.supervisor.checkpoints import Checkpoints
+from stalwart.orchestrator.supervisor import checkpoints
+from stalwart.orchestrator.supervisor.checkpoints import OWN_REPORT_WAIT_S, Checkpoints
 
 pytestmark = pytest.mark.timeout(60)
 
 
 class _Agent:
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self):
         self.prune = SimpleNamespace(remote=lambda **kw: None)
 
 
@@ -33,7 +33,7 @@ def _checkpoints(tmp_path) -> tuple[Checkpoints, list]:
     pool = SimpleNamespace(
         world=2,
         store_key="run",
-        agents={"A": _Agent("A"), "B": _Agent("B")},
+        agents={"A": _Agent(), "B": _Agent()},
         bad=SimpleNamespace(lost=set()),
         workers=[0, 1],
         worker_info={0: {"node_id": "A"}, 1: {"node_id": "B"}},
@@ -73,3 +73,19 @@ def test_a_peer_writes_a_shard_its_own_node_holds_no_more_or_lost(tmp_path):
     ckpt.pool.bad.lost.add("A")
     assert ckpt._start_persist(40, 41)
     assert started[-1] == (40, {"B": [0, 1]})
+
+
+def test_an_own_node_that_never_reports_the_shard_holds_the_write_up_for_seconds_only(
+    tmp_path, monkeypatch
+):
+    now = [1000.0]
+    monkeypatch.setattr(checkpoints.time, "monotonic", lambda: now[0])
+    ckpt, started = _checkpoints(tmp_path)
+    ckpt.stored = {"A": {0: [38, 39]}, "B": {1: [39, 40]}}
+    ckpt.replicas_held = {"A": {1: [40]}, "B": {0: [40]}}
+    assert not ckpt._start_persist(40, 41)
+    now[0] += OWN_REPORT_WAIT_S - 0.1
+    assert not ckpt._start_persist(40, 41) and started == []
+    now[0] += 0.1
+    assert ckpt._start_persist(40, 42)
+    assert started == [(40, {"B": [0, 1]})]
