@@ -23,14 +23,15 @@ IMPORT = "import time; t = time.process_time(); import torch; print(time.process
 def _cpu() -> str:
     """The CPU's model and the widest vector extension torch's kernels can use, from one
     read of /proc/cpuinfo."""
+    fallback = platform.processor() or "unknown CPU"
     try:
         with open("/proc/cpuinfo") as f:
             text = f.read()
     except OSError:
-        return platform.processor() or "unknown CPU"
+        return fallback
     model = next(
         (ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")),
-        platform.processor() or "unknown CPU",
+        fallback,
     )
     flags = " AVX-512" if " avx512f" in text else (" AVX2" if " avx2" in text else "")
     return model + flags

@@ -98,12 +98,20 @@ def log_files(run_dir: Path, rank: int | None = None) -> list[Path]:
     return sorted(folder.glob("rank-*.log"), key=lambda p: int(p.stem.split("-")[1]))
 
 
-def _parse(path: Path, text: str) -> tuple[str, str]:
+def parse_line(text: str) -> tuple[str, int, str, str] | None:
+    """A line on disk: (its ISO time, generation, stream, what was printed); None for a
+    line not in that form."""
     m = _LINE.match(text)
+    return None if m is None else (m.group(1), int(m.group(2)), m.group(3), m.group(4))
+
+
+def _parse(path: Path, text: str) -> tuple[str, str]:
+    parsed = parse_line(text)
     rank = path.stem.removeprefix("rank-")
-    if m is None:
+    if parsed is None:
         return "", f"[rank {rank}] {text}"
-    return m.group(1), f"[rank {rank} gen {m.group(2)}] {m.group(4)}"
+    stamp, gen, _, printed = parsed
+    return stamp, f"[rank {rank} gen {gen}] {printed}"
 
 
 def merged(paths: list[Path], offsets: dict[Path, int] | None = None) -> Iterator[str]:

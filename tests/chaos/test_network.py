@@ -26,6 +26,7 @@ from stalwart.orchestrator.chaos.netns import NetnsCluster
 from stalwart.orchestrator.chaos.runner import ChaosOptions, run_scenario
 from stalwart.orchestrator.chaos.scenario import load_scenario
 from stalwart.orchestrator.driver import ChaosRefused
+from stalwart.orchestrator.observe.logs import log_files, parse_line
 from tests.chaos.test_scenarios import EXAMPLES, _failed, _of, run_example
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(900)]
@@ -209,21 +210,20 @@ def test_the_supervisors_node_cut_off_from_every_worker_loses_no_node(netns, cac
     [row] = verdict.faults
     [(start, end)] = row.windows
     before = max(e["step"] for e in _of(events, "throughput") if e["ts"] <= isolated["ts"])
-    lines = _rank_lines(tmp_path / "partition-supervisor" / "chaos" / "logs")
+    lines = _rank_lines(tmp_path / "partition-supervisor" / "chaos")
     during = [(ts, step) for ts, step in lines if start < ts < end and step > before]
     assert during, (before, start, end, lines)
 
 
-def _rank_lines(logs):
+def _rank_lines(run_dir):
     """(time, step) of every "step N: loss" line the ranks printed (RUN_DIR/logs/rank-R.log,
     stamped by the rank when it printed)."""
     out = []
-    for log in sorted(logs.glob("rank-*.log")):
-        for line in log.read_text().splitlines():
-            stamp, _, text = line.partition(" gen ")
-            m = re.search(r"\| step (\d+): loss", text)
+    for log in log_files(run_dir):
+        for parsed in filter(None, map(parse_line, log.read_text().splitlines())):
+            m = re.match(r"step (\d+): loss", parsed[3])
             if m:
-                out.append((datetime.datetime.fromisoformat(stamp).timestamp(), int(m[1])))
+                out.append((datetime.datetime.fromisoformat(parsed[0]).timestamp(), int(m[1])))
     return out
 
 
