@@ -282,6 +282,15 @@ class RingPipeline:
             return None
         return w.ring.replication()
 
+    def write_beat(self, raw: bytes | None) -> bool:
+        """The rank's heartbeat into its open ring (ckpt/ring.py), for its agent to read;
+        False where there is none (no snapshot yet, or snapshots go through Ray) or the beat
+        does not fit: the caller sends it by call."""
+        w = self._writer
+        if raw is None or self._fallback is not None or w is None or w.ring.closed:
+            return False
+        return w.ring.write_beat(raw)
+
     def forget(self) -> None:
         """Stop using the current ring (ranks are renumbered: the next snapshot asks the
         agent for one under the new rank)."""

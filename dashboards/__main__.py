@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -20,7 +21,12 @@ def render() -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[0]) if argv else HERE / "grafana"
+    ap = argparse.ArgumentParser(
+        prog="python -m stalwart.dashboards",
+        description="Write the dashboards' JSON (users export them with `stalwart dashboards`).",
+    )
+    ap.add_argument("dir", nargs="?", type=Path, default=HERE / "grafana", help="the folder")
+    out = ap.parse_args(argv).dir
     out.mkdir(parents=True, exist_ok=True)
     for name, text in render().items():
         (out / name).write_text(text)

@@ -160,7 +160,7 @@ def workers() -> dict[str, Any]:
                     ),
                 ),
                 "s",
-                "seconds since each rank's last heartbeat reached its node agent",
+                "seconds since each rank's last heartbeat (into its ring, or to its agent)",
             ),
             Panel(
                 "Step time (p50, p90)",

@@ -36,12 +36,53 @@ def isolated_for(nodes: Sequence[NodeView], now: float, timeout_s: float) -> flo
     return max(silent)
 
 
+# A raylet's answer says its node is up now if it is this recent (a silent node's raylet is
+# asked every 0.5 s, each try given 0.5 s: raylet_probe.py).
+ANSWER_FRESH_S = 2.0
+
+
+def starved(n: NodeView, now: float, timeout_s: float, starved_timeout_s: float) -> bool:
+    """An agent silent past `timeout_s` on a node that is still up: its raylet accepted a
+    connection begun during the silence, within the last ANSWER_FRESH_S. A host that is
+    gone, cut off or whose raylet died accepts none; a live one accepts it in its kernel
+    however starved of CPU its processes are. Only until the silence reaches
+    `starved_timeout_s` (an agent wedged for good loses its node then)."""
+    if n.unanswered_since is None or n.raylet_answered_at is None:
+        return False
+    silent = now - n.unanswered_since
+    return (
+        timeout_s <= silent < starved_timeout_s
+        and n.raylet_answered_at >= n.unanswered_since
+        and now - n.raylet_answered_at <= ANSWER_FRESH_S
+    )
+
+
+def starved_nodes(
+    nodes: Sequence[NodeView], now: float, timeout_s: float, starved_timeout_s: float
+) -> list[tuple[str, float]]:
+    """(node, seconds silent) of each starved agent (`starved`) that Ray and its actor's
+    state still count alive."""
+    return [
+        (n.node, now - n.unanswered_since)
+        for n in sorted(nodes, key=lambda n: n.node)
+        if n.ray_alive
+        and not n.agent_dead
+        and n.unanswered_since is not None
+        and starved(n, now, timeout_s, starved_timeout_s)
+    ]
+
+
 def lost_nodes(
-    nodes: Sequence[NodeView], now: float, timeout_s: float, isolated_timeout_s: float = 0.0
+    nodes: Sequence[NodeView],
+    now: float,
+    timeout_s: float,
+    isolated_timeout_s: float = 0.0,
+    starved_timeout_s: float = 0.0,
 ) -> tuple[list[str], str]:
     """Nodes that are gone: Ray says so, their agent died, or it left a report request
-    unanswered for `timeout_s`; but while every node is silent at once (isolated_for),
-    none is lost before `isolated_timeout_s`."""
+    unanswered for `timeout_s` (up to `starved_timeout_s` while its node's raylet still
+    answers: `starved`); but while every node is silent at once (isolated_for), none is
+    lost before `isolated_timeout_s`."""
     alone = isolated_for(nodes, now, timeout_s)
     if alone is not None and alone < isolated_timeout_s:
         return [], (
@@ -57,11 +98,19 @@ def lost_nodes(
         elif n.agent_dead:
             lost.append(n.node)
             why.append(f"node {n.node[:12]}: its agent died")
-        elif silent >= timeout_s:
+        elif silent >= timeout_s and not starved(n, now, timeout_s, starved_timeout_s):
             lost.append(n.node)
             why.append(
                 f"node {n.node[:12]}: agent silent for {silent:.1f} s "
                 f"(health.heartbeat_timeout_s={timeout_s})"
+                + (
+                    ", its raylet answering but the agent silent past "
+                    f"health.starved_agent_timeout_s={starved_timeout_s:g}"
+                    if silent >= starved_timeout_s > timeout_s
+                    and n.raylet_answered_at is not None
+                    and n.raylet_answered_at >= n.unanswered_since
+                    else ""
+                )
             )
     return lost, "; ".join(why) if why else "all nodes answering"
 

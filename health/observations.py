@@ -145,3 +145,6 @@ class NodeView:
     unanswered_since: float | None = None  # when the oldest unanswered request was sent
     agent_dead: bool = False  # Ray says the agent actor died
     ray_alive: bool = True  # Ray's node table says the node is alive
+    # When the newest connection its raylet accepted was begun (the supervisor probes a
+    # silent agent's node: orchestrator/supervisor/raylet_probe.py)
+    raylet_answered_at: float | None = None

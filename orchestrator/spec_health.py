@@ -196,6 +196,15 @@ class HealthSpec(_Model):
         "every node lost: they are lost only after this long (their ranks train on among "
         "themselves meanwhile); 0 treats them as any silent node",
     )
+    starved_agent_timeout_s: float = Field(
+        15.0,
+        ge=0,
+        description="an agent silent past heartbeat_timeout_s whose node's raylet still "
+        "accepts a connection from the supervisor (made during the silence, each 0.5 s) is "
+        "starved of CPU on a live node, not lost: its node is lost only after this long "
+        "(a gone or cut-off host, or a dead raylet, accepts none and is lost at "
+        "heartbeat_timeout_s); at most heartbeat_timeout_s (0) turns it off",
+    )
     report_interval_s: float = Field(
         0.2,
         gt=0,

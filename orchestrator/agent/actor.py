@@ -28,7 +28,7 @@ from stalwart.orchestrator.agent.host import host_key, usable_cores
 from stalwart.orchestrator.agent.own_store import OwnStore
 from stalwart.orchestrator.agent.raylet_watch import RayletWatch
 from stalwart.orchestrator.agent.replication import ReplicaStore, Replicator
-from stalwart.orchestrator.agent.rings import RingHub
+from stalwart.orchestrator.agent.rings import RingHub, newest_beats
 from stalwart.orchestrator.agent.stacks import py_spy_dump
 from stalwart.orchestrator.agent.tcp_stats import TcpStats
 from stalwart.orchestrator.chaos import actions as chaos_actions
@@ -424,8 +424,7 @@ class NodeAgent:
         by the time anyone notices a rank's death) and nothing else: a pid is killed only
         while it is still a Ray worker of this node's raylet. Never returns. `caller` (the
         rank carrying the fault out) waits for this agent's death, then kills itself."""
-        with self._lock:
-            pids = {b.get("pid") for b in self._beats.values()} - {caller, None}
+        pids = {b.get("pid") for b in self._newest_beats().values()} - {caller, None}
         for pid in sorted(pids):
             chaos_actions.kill_if_sibling(pid)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -444,6 +443,14 @@ class NodeAgent:
         beat["received_at"] = time.time()
         with self._lock:
             self._beats[rank] = beat
+
+    def _newest_beats(self) -> dict[int, dict[str, Any]]:
+        """Each rank's newest heartbeat, from its ring or its last call (rings.py), kept:
+        a ring that closes (the shared memory filled up) never brings back an older one."""
+        ringed = self.rings.beats() if self.rings is not None else {}
+        with self._lock:
+            self._beats = newest_beats(self._beats, ringed)
+            return dict(self._beats)
 
     def forget(self, rank: int) -> None:
         with self._lock:
@@ -539,6 +546,7 @@ class NodeAgent:
 
     def report(self) -> dict[str, Any]:
         self._contact = time.monotonic()
+        beats = self._newest_beats()
         with self._lock:
             output, self._output = (
                 self._output[:OUTPUT_PER_REPORT],
@@ -559,7 +567,7 @@ class NodeAgent:
                 "node": self.node_id,
                 "output": output,
                 "at": time.time(),
-                "beats": dict(self._beats),
+                "beats": beats,
                 "stored": self.store.stored(),
                 "replicas": self.replicas.stored(),
                 # What the checkpoints take: rings, slot files, copies, spare buffers.

@@ -10,6 +10,9 @@ the ring into a slot file of the store's own (`on_full`), so the rank's next sna
 waits at most for that copy; with no room left for it, the node's shards move into the
 agent's memory and its ranks send them through Ray (the rings close).
 
+The rings also carry the ranks' heartbeats (`beats`: the newest each rank wrote into its
+open ring, read when the agent reports), instead of a call per beat.
+
 The hub also writes what the ranks wait on when copies must not lag (ckpt/ring.py, the
 replication words): the node's replication stride into every ring, and each rank's newest
 shard on every peer into that rank's rings, a new ring included.
@@ -18,10 +21,12 @@ shard on every peer into that rank's rings, a new ring included.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import select
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,6 +49,17 @@ SLOTS = VERSIONS
 POLL_S = 0.05
 
 log = logging.getLogger(__name__)
+
+
+def newest_beats(called: dict[int, dict], ringed: dict[int, dict]) -> dict[int, dict]:
+    """rank -> its newest heartbeat: the one its ring holds (written there while it has
+    an open ring) or the one it sent by call (before its first snapshot, or through Ray),
+    whichever was sent last."""
+    beats = dict(called)
+    for rank, beat in ringed.items():
+        if rank not in beats or beat["sent_at"] > beats[rank].get("sent_at", 0.0):
+            beats[rank] = beat
+    return beats
 
 
 class RingHub:
@@ -121,6 +137,26 @@ class RingHub:
         for reader in readers:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(reader.ring.path)
+
+    def beats(self) -> dict[int, dict]:
+        """rank -> the newest heartbeat it wrote into its open ring (worker/actor.py), as
+        received when it was written (the same machine's clock: a rank that stopped writing
+        is seen silent); ranks that wrote none, or were rewriting it at every look, or
+        whose bytes are not a beat, left out."""
+        with self._lock:
+            readers = list(self._readers.values())
+        out, now = {}, time.time()
+        for reader in readers:
+            raw = reader.ring.read_beat()
+            try:
+                beat = json.loads(raw) if raw is not None else None
+                sent = float(beat["sent_at"]) if isinstance(beat, dict) else None
+            except (ValueError, TypeError, KeyError):
+                continue
+            if sent is not None:
+                beat["sent_at"], beat["received_at"] = sent, min(sent, now)
+                out[reader.rank] = beat
+        return out
 
     def poll(self) -> int:
         """Deal with every published slot; returns how many."""

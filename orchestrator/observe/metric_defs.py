@@ -190,7 +190,7 @@ DEFINITIONS: tuple[MetricDef, ...] = (
     MetricDef(
         "stalwart_heartbeat_age_seconds",
         "gauge",
-        "seconds since a rank's last heartbeat reached its node agent",
+        "seconds since a rank's last heartbeat (written into its ring, or sent to its node agent)",
         ("rank",),
     ),
     MetricDef("stalwart_rank_memory_bytes", "gauge", "a rank's resident memory", ("rank", "node")),

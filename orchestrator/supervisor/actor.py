@@ -157,6 +157,7 @@ class JobSupervisor:
         finally:
             leases.stop()
             self.detect.ray_nodes.close()
+            self.detect.raylets.close()
             self.ledger.ended_at = time.time()
             try:
                 self._refresh_metrics()  # the final values, for the last scrapes

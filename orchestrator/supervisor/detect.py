@@ -33,6 +33,7 @@ from stalwart.orchestrator.supervisor.monitor import HealthMonitor
 from stalwart.orchestrator.supervisor.poller import ReportPoller
 from stalwart.orchestrator.supervisor.pool import NODE_PING_TIMEOUT_S, ActorGone, WorkerPool
 from stalwart.orchestrator.supervisor.ray_nodes import RayNodeTable
+from stalwart.orchestrator.supervisor.raylet_probe import RayletProbe
 
 if TYPE_CHECKING:
     from stalwart.orchestrator.supervisor.checkpoints import Checkpoints
@@ -88,6 +89,9 @@ class Detection:
         self.link_flags: list[dict[str, Any]] = []  # every slow link flag, for the result
         self._straggling: set[int] = set()
         self.ray_nodes = RayNodeTable(RAY_NODES_CHECK_S)  # read off the control loop
+        # A silent agent's node still up? (off the loop too, its addresses from the table)
+        self.raylets = RayletProbe(self.ray_nodes.raylets)
+        self._starved: set[str] = set()  # nodes told starved, once per spell
         self._isolated = False  # every node silent at once, told once per spell
         self._spell_s = 0.0  # how long every node has been silent, while they are
         self._hang_told: HangTimeouts | None = None  # the timeouts the last event gave
@@ -166,11 +170,36 @@ class Detection:
             )
         if alone is not None:
             self._spell_s = alone
+        self._probe_silent(now)
         lost, reason = self.monitor.lost_nodes(now)
         if alone is not None and not self._isolated and not lost:
             self._isolated = True
             self._emit("supervisor_isolated", seconds=round(alone, 1), reason=reason)
         return lost, reason
+
+    def _probe_silent(self, now: float) -> None:
+        """Agents silent for half their timeout get their node's raylet probed; a starved
+        one (its node up: health/liveness.py starved) is told once per silence."""
+        health = self.spec.health
+        silent = self.monitor.silent_nodes(now, health.heartbeat_timeout_s / 2)
+        self.raylets.watch(silent if health.starved_agent_timeout_s > 0 else ())
+        if answered := self.raylets.take():
+            self.monitor.raylet_answered(answered)
+        self._starved &= set(silent)
+        for node, seconds in self.monitor.starved_nodes(now):
+            if node not in self._starved:
+                self._starved.add(node)
+                self._emit(
+                    "agent_starved",
+                    node=node,
+                    seconds=round(seconds, 1),
+                    reason=f"node {node[:12]}: agent silent for {seconds:.1f} s, past "
+                    f"health.heartbeat_timeout_s={health.heartbeat_timeout_s:g}, but its "
+                    "raylet accepts connections: the node is up and its agent slow to "
+                    "answer (starved of CPU, or its connection resending after a cut); lost "
+                    "only if it stays silent for "
+                    f"health.starved_agent_timeout_s={health.starved_agent_timeout_s:g}",
+                )
 
     def lose_node(self, node: str, reason: str, now: float) -> list[WorkerFailure]:
         """`node` is gone: everyone forgets it; its ranks' failures."""
@@ -191,13 +220,18 @@ class Detection:
         ]
 
     def unresponsive(self, nodes: set[str]) -> list[str]:
-        """Those of `nodes` whose agent does not answer a ping within NODE_PING_TIMEOUT_S."""
+        """Those of `nodes` whose agent died, or does not answer a ping within
+        NODE_PING_TIMEOUT_S while its node's raylet does not accept a connection either (an
+        agent starved of CPU on a live node is slow, not gone: raylet_probe.py)."""
         agents = self.pool.agents
         refs = {agents[n].ping.remote(): n for n in nodes if n in agents}
         if not refs:
             return []
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=NODE_PING_TIMEOUT_S)
-        dead = [n for ref, n in refs.items() if ref not in ready]
+        late = {n for ref, n in refs.items() if ref not in ready}
+        if self.spec.health.starved_agent_timeout_s > 0:
+            late -= self.raylets.up(late)
+        dead = list(late)
         for ref in ready:
             try:
                 ray.get(ref)

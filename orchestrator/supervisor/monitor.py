@@ -14,7 +14,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stalwart.health.hang_timeout import HangPolicy, HangTimeouts, derive
-from stalwart.health.liveness import Hang, hung_ranks, isolated_for, lost_nodes
+from stalwart.health.liveness import (
+    Hang,
+    hung_ranks,
+    isolated_for,
+    lost_nodes,
+    starved_nodes,
+)
 from stalwart.health.observations import NodeView, RankView
 from stalwart.health.straggler import StragglerConfig, StragglerReport, straggler_scores
 from stalwart.health.xid import GpuReading, GpuVerdict, judge_gpus
@@ -112,12 +118,36 @@ class HealthMonitor:
             if node in alive and alive[node] != v.ray_alive:
                 self.nodes[node] = replace(v, ray_alive=alive[node])
 
+    def raylet_answered(self, answered: dict[str, float]) -> None:
+        """node -> when a connection its raylet accepted was begun (raylet_probe.py)."""
+        for node, at in answered.items():
+            v = self.nodes.get(node)
+            if v is not None and (v.raylet_answered_at or 0.0) < at:
+                self.nodes[node] = replace(v, raylet_answered_at=at)
+
+    def silent_nodes(self, now: float, for_s: float) -> list[str]:
+        """Nodes whose agent has left a request unanswered for `for_s` or longer."""
+        return [
+            node
+            for node, v in self.nodes.items()
+            if v.unanswered_since is not None and now - v.unanswered_since >= for_s
+        ]
+
+    def starved_nodes(self, now: float) -> list[tuple[str, float]]:
+        return starved_nodes(
+            list(self.nodes.values()),
+            now,
+            self.cfg.heartbeat_timeout_s,
+            self.cfg.starved_agent_timeout_s,
+        )
+
     def lost_nodes(self, now: float) -> tuple[list[str], str]:
         return lost_nodes(
             list(self.nodes.values()),
             now,
             self.cfg.heartbeat_timeout_s,
             self.cfg.isolated_timeout_s,
+            self.cfg.starved_agent_timeout_s,
         )
 
     def restart_silence(self, now: float, grace_s: float = 0.0) -> None:

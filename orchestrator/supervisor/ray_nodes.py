@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import ray
 
 
-def _read() -> dict[str, bool]:
-    return {n["NodeID"]: bool(n["Alive"]) for n in ray.nodes()}
-
-
 class RayNodeTable:
-    def __init__(self, every_s: float, read: Callable[[], dict[str, bool]] = _read):
+    def __init__(self, every_s: float, read: Callable[[], list[dict[str, Any]]] = ray.nodes):
+        """`read`: Ray's node table, one row per node (ray.nodes())."""
         self._every_s, self._read = every_s, read
         self._lock = threading.Lock()
         self._fresh: dict[str, bool] | None = None
+        # node id -> its raylet's (address, port), from every read so far
+        self._raylets: dict[str, tuple[str, int]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -39,15 +39,27 @@ class RayNodeTable:
             fresh, self._fresh = self._fresh, None
         return fresh
 
+    def raylets(self) -> dict[str, tuple[str, int]]:
+        """node id -> its raylet's (address, port), as the reads so far had them; never
+        waits (the raylet probe's address book: raylet_probe.py)."""
+        with self._lock:
+            return dict(self._raylets)
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                states = self._read()
+                rows = self._read()
             except Exception:  # the GCS is away (or Ray is shutting down): the next round
-                states = None
-            if states is not None:
+                rows = None
+            if rows is not None:
+                raylets = {
+                    n["NodeID"]: (n["NodeManagerAddress"], int(n["NodeManagerPort"]))
+                    for n in rows
+                    if n.get("NodeManagerAddress") and n.get("NodeManagerPort")
+                }
                 with self._lock:
-                    self._fresh = states
+                    self._fresh = {n["NodeID"]: bool(n["Alive"]) for n in rows}
+                    self._raylets.update(raylets)
             self._stop.wait(self._every_s)
 
     def close(self) -> None:

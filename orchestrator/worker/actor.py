@@ -554,9 +554,14 @@ class TrainWorker:
                 return
             if self.rank is None or self.agent is None:
                 continue  # an idle spare has nothing to report yet
-            # If the agent is gone the call fails; the supervisor notices the silence.
+            # Into the ring, for the agent to read (no call), else by a call. If the agent
+            # is gone the call fails; the supervisor notices the silence.
             with contextlib.suppress(Exception):
-                self.agent.heartbeat.remote(self.rank, self._beat())
+                beat = self._beat()
+                with contextlib.suppress(Exception):
+                    if self.pipeline.write_beat(heartbeat.encode(beat)):
+                        continue
+                self.agent.heartbeat.remote(self.rank, beat)
 
 
 def _output_dir(spec: dict[str, Any]) -> str | None:

@@ -1,9 +1,12 @@
-"""What a rank's heartbeat says (sent to its node agent, which relays it to the supervisor
+"""What a rank's heartbeat says (left for its node agent, which relays it to the supervisor
 with the node's report): its step, recent step times, what it waits on (a collective, its
-checkpoint copies), memory, GPU and the timings of its generation's phases."""
+checkpoint copies), memory, GPU and the timings of its generation's phases. It goes into
+the rank's snapshot ring as JSON (`encode`, ckpt/ring.py's heartbeat area) while the rank
+has one open, else by a call to the agent."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -48,6 +51,14 @@ def beat(
         "timings": {**timings, **_phases(p)},
         "snapshot": snapshot_stats,
     }
+
+
+def encode(beat: dict[str, Any]) -> bytes | None:
+    """The beat as the ring carries it (None: not JSON, which a call still carries)."""
+    try:
+        return json.dumps(beat, separators=(",", ":")).encode()
+    except (TypeError, ValueError):
+        return None
 
 
 def _phases(p: Progress | None) -> dict[str, float]:

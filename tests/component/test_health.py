@@ -273,3 +273,52 @@ def test_uncordon_from_the_cli_while_the_job_runs(multinode, tmp_path):
     assert event["node"] == cordoned["node"] and event["reason"] == "by the user"
     thread.join(timeout=300)
     assert box["result"]["status"] == "succeeded", box["result"]["error"]
+
+
+def _agent_beside(worker_pid: int) -> int:
+    """The pid of the node agent on `worker_pid`'s node: the raylet's other child whose
+    process title names the agent's class."""
+    from stalwart.orchestrator.chaos.actions import _parent
+
+    raylet = _parent(worker_pid)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            title = (entry / "cmdline").read_bytes().decode(errors="replace")
+            if "NodeAgent" in title and _parent(int(entry.name)) == raylet:
+                found.append(int(entry.name))
+    [agent] = found
+    return agent
+
+
+def test_an_agent_starved_of_cpu_on_a_live_node_does_not_lose_the_node(multinode, tmp_path):
+    # An agent that cannot run (stopped here, starved of CPU in the storm scenario: a node
+    # was declared lost, its healthy ranks replaced, the node cordoned) while its node's
+    # raylet still accepts connections: the node is up. It is told starved, not lost, and
+    # the job goes on when the agent runs again.
+    import os
+    import signal
+
+    multinode.ensure_worker_nodes(3)
+    spec = small_spec(name="starved-agent", steps=120)
+    out = tmp_path / "job"
+    thread, box = _start(multinode, spec, out)
+    scheduled = _wait_for_event(out, "scheduled", timeout_s=120)
+    rank0 = scheduled["workers"]["0"]
+    agent = _agent_beside(rank0["pid"])
+    _wait_for_event(out, "throughput", timeout_s=120)
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        starved = _wait_for_event(out, "agent_starved", timeout_s=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # lost with its node, without the fix
+            os.kill(agent, signal.SIGCONT)
+    assert starved["node"] == rank0["node_id"] and starved["seconds"] >= 3.0, starved
+    assert "raylet accepts connections" in starved["reason"]
+    thread.join(timeout=300)
+    result = box["result"]
+    assert result["status"] == "succeeded", result["error"]
+    assert result["failures"] == [] and result["lost_nodes"] == [] and result["cordoned"] == []
+    assert result["steps_completed"] == 120

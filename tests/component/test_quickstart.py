@@ -4,11 +4,15 @@ with a frozen rank at step 90 besides, found by the hang timeout derived from th
 steps (no hang setting: issue 24 asks for it within 30 s of the freeze). The failure-free
 run, the digest's oracle, starts at the kill: its start (an embedded Ray, five processes
 importing torch) and most of its steps fill the 20 s in which the other job waits for the
-hang timeout, instead of following it (the two runs were the suite's slowest test)."""
+hang timeout, instead of following it (the two runs were the suite's slowest test). It runs
+at the lowest CPU priority (nice 19, which its Ray processes inherit): on 2 cores its start
+made a step of the job under test take 4.6 s and more, 5 x which was then the hang timeout,
+and the 30 s bound measured the oracle's load instead of the job."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -25,6 +29,11 @@ def stalwart(*args: str) -> subprocess.CompletedProcess:
 
 
 STEPS = "steps=120"
+# How a derived hang timeout is explained (health/hang_timeout.py): its floor, or 5 x the
+# longest step seen.
+DERIVED = r"(health\.hang\.floor_s=20|5 x the longest step seen)"
+# The failure-free oracle's CPU priority: the lowest (module docstring).
+ORACLE_NICE = 19
 FAULTS = (
     "chaos.faults=[{kind: kill_worker, rank: 1, at_step: 60}, {kind: hang, rank: 2, at_step: 90}]"
 )
@@ -46,14 +55,17 @@ def started():
                 proc.wait()
 
 
-def _start(procs: list[subprocess.Popen], args: list[str], stderr: Path) -> subprocess.Popen:
+def _start(
+    procs: list[subprocess.Popen], args: list[str], stderr: Path, nice: int = 0
+) -> subprocess.Popen:
     """`stalwart ARGS` started as a user would (stalwart_cli's environment), its output
-    unbuffered so that its lines can be read as they come."""
+    unbuffered so that its lines can be read as they come; `nice`: its CPU priority (what
+    it starts inherits it)."""
     env = {**cli_env(), "PYTHONUNBUFFERED": "1"}
     with stderr.open("w") as err:
         procs.append(
             subprocess.Popen(
-                [*CLI, *args],
+                [*(["nice", "-n", str(nice)] if nice else []), *CLI, *args],
                 cwd=REPO,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -72,16 +84,20 @@ def test_quickstart_kill_recovers_to_the_failure_free_model(tmp_path, started):
         started, [*run, "--set", FAULTS, "--run-dir", str(tmp_path / "kill")], tmp_path / "kill.err"
     )
     clean_args = [*run, "--set", "chaos.faults=[]", "--run-dir", str(tmp_path / "clean")]
+
+    def start_clean() -> subprocess.Popen:
+        return _start(started, [*clean_args, "-o", "json"], tmp_path / "clean.err", ORACLE_NICE)
+
     clean = None
     lines = []
     assert kill.stdout is not None
     for line in kill.stdout:  # until it exits (the test's timeout bounds it)
         lines.append(line)
         if clean is None and "chaos: kill_worker rank 1 at step 60" in line:
-            clean = _start(started, [*clean_args, "-o", "json"], tmp_path / "clean.err")
+            clean = start_clean()
     kill.wait(timeout=60)
     if clean is None:  # nothing was injected: the assertions below say so
-        clean = _start(started, [*clean_args, "-o", "json"], tmp_path / "clean.err")
+        clean = start_clean()
     with_kill = subprocess.CompletedProcess(
         kill.args, kill.returncode, "".join(lines), (tmp_path / "kill.err").read_text()
     )
@@ -129,16 +145,18 @@ def test_quickstart_kill_recovers_to_the_failure_free_model(tmp_path, started):
     assert (failure["rank"], failure["step"]) == (1, 60)
     assert failure["steps_redone"] <= 1
     assert (hang["kind"], hang["rank"], hang["step"]) == ("hung", 2, 90)
-    # Found by the derived timeout (the floor: this job's steps are fast), the job training
-    # again within 30 s of the freeze.
-    assert "hang timeout 20.0 s: health.hang.floor_s=20" in hang["message"], hang
+    # Found by the derived timeout, the job training again within 30 s of the freeze. The
+    # timeout is the floor where the steps are fast; 5 x the longest step where one was
+    # slower than 4 s (a busier machine than this test makes: its oracle runs niced).
+    derived = re.search(r"hang timeout ([\d.]+) s: " + DERIVED, hang["message"])
+    assert derived and float(derived[1]) >= 20.0, hang
     assert hang["recovered_after_s"] < 30.0, hang
     assert hang["steps_redone"] <= 1
     assert killed["lost_steps_total"] == failure["steps_redone"] + hang["steps_redone"]
     events = [json.loads(x) for x in (tmp_path / "kill" / "events.jsonl").read_text().splitlines()]
     [told] = [e for e in events if e["type"] == "hang_timeout"][-1:]
-    assert told["seconds"] == 20.0 and "floor_s=20" in told["reason"]
-    assert "hang timeout 20 s: health.hang.floor_s=20" in out  # shown live
+    assert told["seconds"] >= 20.0 and re.search(DERIVED, told["reason"]), told
+    assert re.search(r"hang timeout [\d.]+ s: ", out)  # shown live
     # The loss visibly falls on the synthetic data.
     assert printed["final_loss"] < 3.0
     recovered = [e for e in events if e["type"] == "recovered"]

@@ -97,3 +97,14 @@ def test_queries_use_only_defined_metrics_and_recording_rules(board):
             for name in re.findall(r"\bstalwart[_:][a-z0-9_:]+", t["expr"]):
                 base = re.sub(r"_(bucket|count|sum)$", "", name)
                 assert base in defined or name in records, (p["title"], name)
+
+
+def test_the_generator_writes_where_it_is_told_and_help_is_help(tmp_path, capsys):
+    from stalwart.dashboards.__main__ import main
+
+    assert main([str(tmp_path / "out")]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(render())
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0 and "usage: python -m stalwart.dashboards" in capsys.readouterr().out
+    assert not Path("--help").exists()
