@@ -82,6 +82,21 @@ class Resources(_Model):
     custom: dict[str, float] = Field(
         default_factory=dict, description="custom Ray resources per worker"
     )
+    start_method: Literal["fork", "spawn"] | None = Field(
+        None,
+        description="how a worker's process starts: fork (from a process per node that "
+        "imported torch once, orchestrator/worker/zygote.py: about half the CPU of a "
+        "fresh start, which imports torch itself) or spawn (a fresh interpreter, as Ray "
+        "starts any worker). null (the default): fork for CPU jobs, spawn "
+        "for jobs with resources.gpu > 0. Jobs with a runtime_env (or submitted with "
+        "one) always spawn: their workers' interpreter is the runtime_env's",
+    )
+
+    def forks(self) -> bool:
+        """Whether workers start from the node's zygote (before the runtime_env's say)."""
+        if self.start_method is None:
+            return self.gpu == 0
+        return self.start_method == "fork"
 
 
 class FailureSpec(_Model):

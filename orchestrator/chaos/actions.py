@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stalwart.orchestrator.worker import zygote
+
 
 def _parent(pid: int) -> int | None:
     """`pid`'s parent, from /proc (None if it is gone)."""
@@ -49,8 +51,12 @@ def descendants(pid: int) -> list[int]:
 
 
 def raylet_of_this_worker() -> int:
-    """The raylet that started this worker process (Ray workers are its children)."""
+    """The raylet that started this worker process: its parent, or for a worker forked
+    from the node's zygote (worker/zygote.py) the raylet Ray names in its environment."""
+    forked = os.environ.get("RAY_RAYLET_PID", "")
     ppid = os.getppid()
+    if forked.isdigit() and int(forked) != ppid and _is_zygote(ppid):
+        ppid = int(forked)
     cmdline = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")[0]
     if not cmdline.endswith(b"raylet"):
         raise RuntimeError(
@@ -61,11 +67,23 @@ def raylet_of_this_worker() -> int:
     return ppid
 
 
+def _is_zygote(pid: int) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return zygote.MODULE.encode() in argv and b"serve" in argv
+
+
 def kill_node() -> None:
-    """Kill every Ray process of this node: the raylet, all its workers (this one last)."""
+    """Kill every Ray process of this node: the raylet, all its workers and the zygotes that
+    fork them with theirs (this process last)."""
     raylet = raylet_of_this_worker()
     me = os.getpid()
-    for pid in [*reversed(descendants(raylet)), raylet]:
+    doomed = [*reversed(descendants(raylet)), raylet]
+    for forks in zygote.zygotes_of(raylet):
+        doomed[:0] = [*reversed(descendants(forks)), forks]
+    for pid in doomed:
         if pid != me:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -81,14 +99,17 @@ def kill_raylet() -> None:
 
 
 def kill_if_sibling(pid: int) -> bool:
-    """SIGKILL `pid` if it is a child of this process's parent (a worker of the same raylet)
-    and a Ray worker ("ray::..."): a pid a dead rank left behind, reused by another
-    process since, is left alone."""
+    """SIGKILL `pid` if it is a Ray worker ("ray::...") of this process's raylet: its child,
+    or a child of a zygote serving it (worker/zygote.py). A pid a dead rank left behind,
+    reused by another process since, is left alone."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    if _parent(pid) != os.getppid() or not cmdline.startswith(b"ray::"):
+    raylet = os.getppid()
+    parent = _parent(pid)
+    ours = parent == raylet or parent in zygote.zygotes_of(raylet)
+    if not ours or not cmdline.startswith(b"ray::"):
         return False
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)

@@ -38,6 +38,7 @@ from stalwart.orchestrator.supervisor.slots import Slots, SlotsUnavailable
 from stalwart.orchestrator.supervisor.spares import Spares, actor_error_text
 from stalwart.orchestrator.supervisor.standby import Standbys, choose
 from stalwart.orchestrator.supervisor.startup import StartupClock
+from stalwart.orchestrator.worker import zygote
 from stalwart.orchestrator.worker.remote import WorkerActor
 
 NODE_PING_TIMEOUT_S = 1.0  # a dead worker's node must answer this fast to keep its bundle
@@ -77,6 +78,9 @@ class WorkerPool:
         self.slots = Slots(f"stalwart-{spec.name}")
         self.bad = BadNodes(spec, emit)  # nodes that get no new ranks (supervisor/nodes.py)
         self.supervisor: Any = None  # the supervisor's handle, for workers to report faults to
+        # Workers forked from each node's zygote (worker/zygote.py), or spawned.
+        self.forks, reason = zygote.start_method(spec)
+        emit("start_method", method="fork" if self.forks else "spawn", reason=reason)
         self.clock = StartupClock()  # the cold start's marks (supervisor/startup.py)
         self.warm = Spares(
             spec.failure.spares,
@@ -275,6 +279,8 @@ class WorkerPool:
             options.update(num_cpus=0, num_gpus=0, resources={})
         if spec.runtime_env:
             options["runtime_env"] = spec.runtime_env
+        elif self.forks:
+            options["runtime_env"] = {"py_executable": zygote.command()}
         return (
             actor_class(WorkerActor)
             .options(**options)

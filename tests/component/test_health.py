@@ -276,11 +276,14 @@ def test_uncordon_from_the_cli_while_the_job_runs(multinode, tmp_path):
 
 
 def _agent_beside(worker_pid: int) -> int:
-    """The pid of the node agent on `worker_pid`'s node: the raylet's other child whose
-    process title names the agent's class."""
+    """The pid of the node agent on `worker_pid`'s node: the child of the worker's raylet
+    whose process title names the agent's class (a worker forked from its node's zygote
+    names the raylet in the environment it inherited)."""
     from stalwart.orchestrator.chaos.actions import _parent
 
-    raylet = _parent(worker_pid)
+    environ = Path(f"/proc/{worker_pid}/environ").read_bytes().split(b"\0")
+    named = [e.split(b"=", 1)[1] for e in environ if e.startswith(b"RAY_RAYLET_PID=")]
+    raylet = int(named[0]) if named else _parent(worker_pid)
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
