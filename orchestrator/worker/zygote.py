@@ -148,7 +148,7 @@ def launch(argv: list[str]) -> None:
 
 def _connect(path: str, argv: list[str], env: dict[str, str]) -> socket.socket | None:
     deadline = time.monotonic() + START_WAIT_S
-    spawned = False
+    spawned = None
     while time.monotonic() < deadline:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -156,10 +156,12 @@ def _connect(path: str, argv: list[str], env: dict[str, str]) -> socket.socket |
             return conn
         except OSError:
             conn.close()
-        if not spawned:
+        if spawned is not None and spawned.poll():
+            return None  # the zygote failed to start (its log says why): no waiting on it
+        if spawned is None:
             # Several launchers may start one at once: the first to lock the socket's lock
-            # file serves, the others exit before importing anything.
-            subprocess.Popen(
+            # file serves, the others exit (status 0) before importing anything.
+            spawned = subprocess.Popen(
                 [sys.executable, "-m", MODULE, "serve", path, _arg(argv, "raylet-name"),
                  env.get("RAY_RAYLET_PID", "")],
                 start_new_session=True,
@@ -168,7 +170,6 @@ def _connect(path: str, argv: list[str], env: dict[str, str]) -> socket.socket |
                 stderr=open(path + ".log", "ab"),  # noqa: SIM115 (the child keeps it)
                 close_fds=True,
             )  # fmt: skip
-            spawned = True
         time.sleep(0.05)  # polling a socket a process is binding; bounded by the deadline
     return None
 

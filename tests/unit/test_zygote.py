@@ -155,3 +155,21 @@ def test_cpu_jobs_fork_gpu_jobs_and_jobs_with_a_runtime_env_spawn():
     forks, reason = method(runtime_env={"env_vars": {"A": "1"}})
     assert not forks and "runtime_env" in reason
     assert zygote.command().split() == [sys.executable, "-m", zygote.MODULE]
+
+
+def test_a_zygote_that_cannot_start_leaves_the_worker_to_start_itself(node, tmp_path):
+    # A torch that fails to import, first on the path: the zygote exits with the error in
+    # its log, and the launcher runs the worker in its own process at once.
+    _, sock, script, env = node
+    broken = tmp_path / "broken"
+    (broken / "torch").mkdir(parents=True)
+    (broken / "torch" / "__init__.py").write_text("raise ImportError('a broken torch')\n")
+    env = {**env, "PYTHONPATH": os.pathsep.join([str(broken), env["PYTHONPATH"]])}
+    started = time.monotonic()
+    proc = _launch(script, sock, env)
+    out, _ = proc.communicate(timeout=90)
+    seen = json.loads(out)
+    assert proc.returncode == 3 and seen["pid"] == proc.pid and not seen["torch_imported"]
+    assert time.monotonic() - started < zygote.START_WAIT_S
+    log = Path(zygote.socket_path([str(script), f"--raylet-name={sock}"], env) + ".log")
+    assert "a broken torch" in log.read_text()
