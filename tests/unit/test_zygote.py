@@ -17,6 +17,7 @@ import pytest
 from stalwart.orchestrator.spec import validate
 from stalwart.orchestrator.worker import zygote
 from tests.component.conftest import small_spec
+from tests.unit.test_chaos import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,16 +33,6 @@ if "--wait" in sys.argv:
     sys.stdin.readline()
 sys.exit(3)
 """
-
-
-def _wait(predicate, timeout_s: float = 60.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)  # polling processes the test started; bounded by the deadline
-    raise AssertionError("condition not met in time")
 
 
 @pytest.fixture
@@ -108,7 +99,7 @@ def test_either_process_dying_takes_the_other_down(node):
     child = json.loads(proc.stdout.readline())["pid"]
     proc.kill()
     proc.wait(timeout=30)
-    _wait(lambda: not Path(f"/proc/{child}").exists() or _zombie(child))
+    assert wait_until(lambda: not Path(f"/proc/{child}").exists() or _zombie(child), bool, 60)
 
 
 def _zombie(pid: int) -> bool:
@@ -126,7 +117,7 @@ def test_the_zygote_exits_with_its_raylet(node):
     [forks] = zygote.zygotes_of(raylet.pid)
     raylet.kill()
     raylet.wait(timeout=10)
-    _wait(lambda: not Path(f"/proc/{forks}").exists() or _zombie(forks), 30)
+    assert wait_until(lambda: not Path(f"/proc/{forks}").exists() or _zombie(forks), bool, 30)
 
 
 def test_one_zygote_per_raylet_and_environment():
