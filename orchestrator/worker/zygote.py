@@ -40,6 +40,8 @@ import os
 import select
 import signal
 import socket
+import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -96,12 +98,26 @@ def _arg(argv: list[str], name: str) -> str:
 
 
 def socket_path(argv: list[str], env: dict[str, str]) -> str:
-    """The Unix socket of the zygote for this worker: one per raylet and environment."""
+    """The Unix socket of the zygote for this worker: one per raylet and environment, in
+    this user's private directory (private_dir)."""
     kept = sorted((k, v) for k, v in env.items() if k not in PER_WORKER_ENV)
     text = json.dumps([sys.executable, _arg(argv, "raylet-name"), kept])
     key = hashlib.sha256(text.encode()).hexdigest()[:24]
-    # A Unix socket's path has room for ~100 bytes: the system's temporary directory.
-    return os.path.join(tempfile.gettempdir(), f"stalwart-zygote-{os.getuid()}-{key}.sock")
+    return os.path.join(private_dir(), f"zygote-{key}.sock")
+
+
+def private_dir() -> str:
+    """The directory of this user's zygotes' sockets: a zygote runs what a connection asks
+    (and is told the environment, tokens included), so only its user may reach it. Made
+    0700; one that is not this user's alone is refused (PermissionError). A Unix socket's
+    path has room for ~100 bytes: under the system's temporary directory."""
+    path = os.path.join(tempfile.gettempdir(), f"stalwart-{os.getuid()}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{path} is not a directory of this user's alone")
+    return path
 
 
 # --- the launcher: Ray's command for a worker ----------------------------------------------
@@ -111,7 +127,10 @@ def launch(argv: list[str]) -> None:
     """Run Ray's worker `argv` (default_worker.py and its arguments) in a child of this
     node's zygote; exit as it exits. Runs it in this process when no zygote answers."""
     env = dict(os.environ)
-    path = socket_path(argv, env)
+    try:
+        path = socket_path(argv, env)
+    except OSError:  # no private directory to be had: no zygote
+        os.execv(sys.executable, [sys.executable, *argv])
     conn = _connect(path, argv, env)
     pid = None
     if conn is not None:
@@ -196,6 +215,7 @@ def serve(path: str, raylet_socket: str, raylet_pid: str) -> None:
         os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
+    os.chmod(path, 0o600)
     listener.listen(64)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -260,6 +280,10 @@ def _accept(listener: socket.socket, children: dict[int, socket.socket], own: tu
     conn, _ = listener.accept()
     fds: list[int] = []
     try:
+        # Only this user's launchers (the directory is private too).
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        if struct.unpack("3i", creds)[1] != os.getuid():
+            raise OSError("a connection from another user")
         conn.settimeout(10)
         data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
         size = int.from_bytes(data[:8], "big")

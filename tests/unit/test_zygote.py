@@ -125,6 +125,9 @@ def test_one_zygote_per_raylet_and_environment():
     env = {"PATH": "/bin", "RAY_JOB_ID": "01000000"}
     path = zygote.socket_path(argv, env)
     assert len(path) < 100  # a Unix socket's path
+    # In a directory only this user may enter.
+    st = os.lstat(os.path.dirname(path))
+    assert st.st_uid == os.getuid() and st.st_mode & 0o777 == 0o700
     # The job's id differs between workers and no import reads it: the same zygote.
     assert zygote.socket_path(argv, {**env, "RAY_JOB_ID": "02000000"}) == path
     assert zygote.socket_path(argv, {**env, "OMP_NUM_THREADS": "2"}) != path
@@ -164,3 +167,14 @@ def test_a_zygote_that_cannot_start_leaves_the_worker_to_start_itself(node, tmp_
     assert time.monotonic() - started < zygote.START_WAIT_S
     log = Path(zygote.socket_path([str(script), f"--raylet-name={sock}"], env) + ".log")
     assert "a broken torch" in log.read_text()
+
+
+def test_a_socket_directory_others_may_enter_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setattr(zygote.tempfile, "gettempdir", lambda: str(tmp_path))
+    shared = tmp_path / f"stalwart-{os.getuid()}"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(PermissionError, match="not a directory of this user's alone"):
+        zygote.private_dir()
+    shared.chmod(0o700)
+    assert zygote.private_dir() == str(shared)
