@@ -55,7 +55,7 @@ def raylet_of_this_worker() -> int:
     from the node's zygote (worker/zygote.py) the raylet Ray names in its environment."""
     forked = os.environ.get("RAY_RAYLET_PID", "")
     ppid = os.getppid()
-    if forked.isdigit() and int(forked) != ppid and _is_zygote(ppid):
+    if forked.isdigit() and int(forked) != ppid and zygote.serves(ppid) is not None:
         ppid = int(forked)
     cmdline = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")[0]
     if not cmdline.endswith(b"raylet"):
@@ -65,14 +65,6 @@ def raylet_of_this_worker() -> int:
             "is not a raylet; refusing to guess which processes make up the node"
         )
     return ppid
-
-
-def _is_zygote(pid: int) -> bool:
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return zygote.MODULE.encode() in argv and b"serve" in argv
 
 
 def kill_node() -> None:
@@ -108,7 +100,7 @@ def kill_if_sibling(pid: int) -> bool:
         return False
     raylet = os.getppid()
     parent = _parent(pid)
-    ours = parent == raylet or parent in zygote.zygotes_of(raylet)
+    ours = parent == raylet or (parent is not None and zygote.serves(parent) == raylet)
     if not ours or not cmdline.startswith(b"ray::"):
         return False
     with contextlib.suppress(ProcessLookupError):

@@ -385,24 +385,26 @@ def _watch(launcher: int) -> None:
     threading.Thread(target=wait, name="stalwart-launcher-watch", daemon=True).start()
 
 
+def serves(pid: int) -> int | None:
+    """The raylet pid the zygote `pid` serves (None if `pid` is no zygote)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return None
+    if MODULE.encode() not in argv or b"serve" not in argv or not argv[-2:-1]:
+        return None
+    raylet = argv[-2].decode(errors="replace")
+    return int(raylet) if raylet.isdigit() else None
+
+
 def zygotes_of(raylet_pid: int) -> list[int]:
     """The pids of the zygotes serving the raylet `raylet_pid` on this machine."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if (
-            MODULE.encode() in argv
-            and b"serve" in argv
-            and argv[-2:-1] == [str(raylet_pid).encode()]
-        ):
-            found.append(int(entry))
-    return found
+    return [
+        int(entry)
+        for entry in os.listdir("/proc")
+        if entry.isdigit() and serves(int(entry)) == raylet_pid
+    ]
 
 
 if __name__ == "__main__":
